@@ -1,0 +1,39 @@
+# Set-up is two commands: `make demo` and `make test`. Each creates .venv when it
+# is missing, installs the project with its extras, checks for Java, then runs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint typecheck pytest bench system-deps clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	@touch $(STAMP)
+
+# Spark needs Java 17; install it from Debian when it is missing.
+system-deps:
+	@bash scripts/system-deps.sh
+
+demo: $(STAMP) system-deps
+	$(BIN)/tickwheel trace
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict src
+
+pytest: $(STAMP) system-deps
+	$(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_timer.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

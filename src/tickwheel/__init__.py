@@ -1,0 +1,39 @@
+"""tickwheel: Kafka's hierarchical timing wheel and delayed operations for Python.
+
+The timer core imports nothing outside the standard library::
+
+    from tickwheel import ManualClock, SystemTimer
+
+    clock = ManualClock()
+    with SystemTimer(clock=clock, executor="inline") as timer:
+        timer.schedule(30_000, print, "order 42 not paid: cancel it")
+        clock.advance(30_000)
+        timer.advance_clock(0)
+
+See ``docs/`` for the design, the benchmarks and the pipeline.
+"""
+
+from ._clock import Clock, ManualClock, SystemClock
+from ._snapshot import BucketSnapshot, LevelSnapshot, WheelSnapshot
+from ._task import TimerTask
+from ._task_list import TimerTaskEntry, TimerTaskList
+from ._timer import SystemTimer, SystemTimerReaper
+from ._wheel import TimingWheel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BucketSnapshot",
+    "Clock",
+    "LevelSnapshot",
+    "ManualClock",
+    "SystemClock",
+    "SystemTimer",
+    "SystemTimerReaper",
+    "TimerTask",
+    "TimerTaskEntry",
+    "TimerTaskList",
+    "TimingWheel",
+    "WheelSnapshot",
+    "__version__",
+]

@@ -1,0 +1,122 @@
+"""The ``tickwheel`` command: trace a wheel, run the pipeline, run the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ._trace import EXAMPLE_DELAYS, EXAMPLE_START_MS, render_trace, run_trace
+
+__all__ = ["main"]
+
+BENCHMARKS = ("timer", "purgatory", "aio", "pipeline")
+
+
+def _delays(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--delays must be comma-separated integer milliseconds, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("--delays needs at least one delay")
+    return values
+
+
+def _positive(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    steps = run_trace(
+        tick_ms=args.tick_ms,
+        wheel_size=args.wheel_size,
+        start_ms=args.start_ms,
+        delays=args.delays,
+        max_steps=args.max_steps,
+    )
+    if args.json:
+        json.dump([step.to_dict() for step in steps], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_trace(steps))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    root = Path(args.benchmarks_dir)
+    script = root / f"bench_{args.name}.py"
+    if not script.exists():
+        print(f"tickwheel bench: no benchmark at {script}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    return subprocess.call([sys.executable, str(script), *args.bench_args], env=env)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tickwheel", description="Kafka's hierarchical timing wheel for Python."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    trace = sub.add_parser(
+        "trace",
+        help="trace a timing wheel step by step",
+        description=(
+            "Add one task per delay on a manual clock, then move the clock bucket by "
+            "bucket and print every level, bucket and the delay queue after each step. "
+            "The defaults are the worked example of the TimingWheel docs."
+        ),
+    )
+    trace.add_argument("--tick-ms", type=_positive(1), default=1000)
+    trace.add_argument("--wheel-size", type=_positive(2), default=3)
+    trace.add_argument("--start-ms", type=_positive(0), default=EXAMPLE_START_MS)
+    trace.add_argument(
+        "--delays", type=_delays, default=EXAMPLE_DELAYS, help="comma-separated delays in ms"
+    )
+    trace.add_argument("--max-steps", type=_positive(1), default=1000)
+    trace.add_argument("--json", action="store_true", help="print the states as JSON")
+    trace.set_defaults(func=_cmd_trace)
+
+    bench = sub.add_parser("bench", help="run a benchmark from benchmarks/")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("--benchmarks-dir", default="benchmarks")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_cmd_bench)
+
+    try:
+        pipeline_cli = importlib.import_module("tickwheel.pipeline._cli")
+    except ModuleNotFoundError as exc:  # the pipeline is not part of this install
+        if exc.name not in ("tickwheel.pipeline", "tickwheel.pipeline._cli"):
+            raise
+    else:
+        pipeline_cli.add_pipeline_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tickwheel`` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

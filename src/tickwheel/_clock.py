@@ -1,0 +1,151 @@
+"""Clocks: where every timer in tickwheel reads the time.
+
+Ground rules
+------------
+* Time is integer milliseconds on a clock that never goes backwards.
+* Nothing in tickwheel reads time behind your back: every timer, purgatory and
+  pipeline component takes a clock, so tests and event-time jobs can drive it.
+* :class:`SystemClock` is Kafka's ``Time.SYSTEM.hiResClockMs``: a monotonic,
+  high-resolution clock, never wall time, so an NTP step cannot fire or stall
+  timers.
+* :class:`ManualClock` moves only when told to. Timers on a manual clock never
+  wait on wall time; a thread blocked on one (a reaper) is woken when the clock
+  moves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Clock", "ManualClock", "SystemClock"]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What a timer needs from a clock: the current time in integer milliseconds."""
+
+    def now_ms(self) -> int:
+        """Return the current time in milliseconds; never smaller than a previous reading."""
+        ...
+
+
+class SystemClock:
+    """A monotonic high-resolution clock in milliseconds (Kafka's ``hiResClockMs``).
+
+    The origin is arbitrary (usually boot time); only differences are meaningful.
+    """
+
+    __slots__ = ()
+
+    #: Timers wait on wall time for this clock.
+    manual = False
+
+    def now_ms(self) -> int:
+        """Return ``time.monotonic_ns() // 1_000_000``. O(1)."""
+        return time.monotonic_ns() // 1_000_000
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+class ManualClock:
+    """A clock that moves only when told to: for tests and for event time.
+
+    It is the public test double for tickwheel timers (as ``trio.testing.MockClock``
+    is for trio), so you can test your own timer code deterministically::
+
+        clock = ManualClock(start_ms=0)
+        timer = SystemTimer(clock=clock, executor="inline")
+        timer.schedule(50, print, "fired")
+        clock.advance(50)
+        timer.advance_clock(0)   # prints "fired"
+
+    The clock is thread-safe. Moving it wakes any thread that is blocked waiting
+    for it to move (see :meth:`wait_for_change`), such as a reaper thread.
+    """
+
+    __slots__ = ("__weakref__", "_changed", "_listeners", "_now_ms")
+
+    #: Timers never wait on wall time for this clock.
+    manual = True
+
+    def __init__(self, start_ms: int = 0) -> None:
+        _check_ms("start_ms", start_ms)
+        self._now_ms = start_ms
+        # One condition both guards the time and lets threads sleep until it moves.
+        self._changed = threading.Condition(threading.Lock())
+        self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+    def now_ms(self) -> int:
+        """Return the current manual time in milliseconds. O(1)."""
+        return self._now_ms
+
+    def set(self, ms: int) -> None:
+        """Move the clock to ``ms``.
+
+        Raises :class:`ValueError` if ``ms`` is earlier than the current time, and
+        :class:`TypeError` if it is not an int. O(listeners).
+        """
+        _check_ms("ms", ms)
+        with self._changed:
+            if ms < self._now_ms:
+                raise ValueError(
+                    f"ManualClock cannot move backwards: now_ms={self._now_ms}, requested {ms}"
+                )
+            self._now_ms = ms
+            self._changed.notify_all()
+            listeners = list(self._listeners)
+        # Listeners take their own locks; call them without holding ours.
+        for ref in listeners:
+            callback = ref()
+            if callback is None:
+                with self._changed:
+                    if ref in self._listeners:
+                        self._listeners.remove(ref)
+            else:
+                callback()
+
+    def advance(self, ms: int) -> int:
+        """Move the clock forward by ``ms`` (>= 0) and return the new time.
+
+        Raises :class:`ValueError` for a negative step. O(listeners).
+        """
+        _check_ms("ms", ms)
+        if ms < 0:
+            raise ValueError(f"ManualClock cannot move backwards: advance({ms})")
+        with self._changed:
+            target = self._now_ms + ms
+        self.set(target)
+        return target
+
+    def wait_for_change(self, since_ms: int, timeout_s: float) -> bool:
+        """Block until the time differs from ``since_ms``, or ``timeout_s`` wall seconds pass.
+
+        Returns True if the clock moved. Used by threads that must not spin on a
+        clock that only a test moves.
+        """
+        with self._changed:
+            return self._changed.wait_for(lambda: self._now_ms != since_ms, timeout_s)
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call the bound method ``callback`` (held weakly) after every move of the clock."""
+        with self._changed:
+            self._listeners.append(weakref.WeakMethod(callback))
+
+    def __repr__(self) -> str:
+        return f"ManualClock(now_ms={self._now_ms})"
+
+
+def _check_ms(name: str, value: object) -> None:
+    """Reject anything but a plain int (bool included) with a message naming ``name``."""
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name} must be an int number of milliseconds, got {value!r}")
+
+
+def is_manual(clock: Clock) -> bool:
+    """True when timers on ``clock`` must not wait on wall time."""
+    return bool(getattr(clock, "manual", False))

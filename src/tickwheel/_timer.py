@@ -1,0 +1,492 @@
+"""SystemTimer and SystemTimerReaper: the thread-safe timer on top of the wheel.
+
+Ground rules
+------------
+* One lock per timer guards the wheels, their buckets, the delay queue and the
+  task count. Kafka takes a read lock to add and a write lock to tick, with a
+  monitor per bucket and per entry; under CPython one plain lock is both
+  cheaper and simpler, and adds are never blocked for long because a tick only
+  re-links entries.
+* Tasks never run under the lock. ``advance_clock`` collects the due tasks,
+  releases the lock, then hands them to the executor, so a task may add or
+  cancel tasks on its own timer.
+* The clock is injected. ``advance_clock(timeout_ms)`` waits on wall time only
+  for a clock that is not manual; on a :class:`~tickwheel.ManualClock` it never
+  waits.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from ._clock import Clock, SystemClock, is_manual
+from ._delay_queue import BucketDelayQueue
+from ._snapshot import BucketSnapshot, LevelSnapshot, WheelSnapshot
+from ._task import TimerTask
+from ._task_list import CANCELLED, TaskCounter, TimerTaskEntry
+from ._wheel import TimingWheel
+
+__all__ = ["Executor", "SystemTimer", "SystemTimerReaper"]
+
+logger = logging.getLogger("tickwheel")
+
+
+class Executor(Protocol):
+    """Anything with ``submit(fn)``, such as ``concurrent.futures.ThreadPoolExecutor``."""
+
+    def submit(self, fn: Callable[[], Any], /) -> Any: ...
+
+
+def run_task(task: TimerTask) -> None:
+    """Run ``task``, logging (not raising) an exception, so the caller keeps going."""
+    try:
+        task.run()
+    except Exception:
+        logger.exception("timer task %r raised", task)
+
+
+class _ThreadExecutor:
+    """One worker thread named ``executor-<name>`` (Kafka's taskExecutor), started on first use."""
+
+    _STOP = object()
+
+    def __init__(self, name: str) -> None:
+        self.name = f"executor-{name}"
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Guards starting and stopping the thread, not the queue (SimpleQueue is thread-safe).
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._shutdown = False
+
+    def submit_many(self, tasks: list[TimerTask]) -> None:
+        if self._thread is None:
+            self._start()
+        put = self._queue.put
+        for task in tasks:
+            put(task)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._shutdown:
+                thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+                thread.start()
+                self._thread = thread
+
+    def _work(self) -> None:
+        get = self._queue.get
+        stop = self._STOP
+        while True:
+            task = get()
+            if task is stop:
+                return
+            run_task(task)
+
+    def shutdown(self) -> None:
+        """Run what was already submitted, then stop and join the thread."""
+        with self._lock:
+            self._shutdown = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(self._STOP)
+            if thread is not threading.current_thread():
+                thread.join()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+
+class SystemTimer:
+    """Kafka's ``SystemTimer``: a hierarchical timing wheel driven by a delay queue of buckets.
+
+    ``add`` costs O(1) in the number of pending tasks (O(levels), with levels
+    logarithmic in the longest delay); ``cancel`` is O(1). ``advance_clock`` jumps
+    straight to the next non-empty bucket, so an idle timer costs nothing and
+    there are no empty ticks.
+
+    ``executor`` runs the due tasks:
+
+    * ``None`` (default): one worker thread named ``executor-<name>``, as in
+      Kafka, started on first use and joined by :meth:`close`;
+    * ``"inline"``: in the thread that calls ``add`` or ``advance_clock``, after
+      the timer's lock is released (deterministic tests and event time);
+    * any object with ``submit(fn)``.
+
+    A task whose ``run`` raises is logged on the ``tickwheel`` logger; later
+    tasks still run.
+    """
+
+    def __init__(
+        self,
+        name: str = "timer",
+        tick_ms: int = 1,
+        wheel_size: int = 20,
+        start_ms: int | None = None,
+        clock: Clock | None = None,
+        executor: Executor | Literal["inline"] | None = None,
+    ) -> None:
+        _check_int("tick_ms", tick_ms, minimum=1)
+        _check_int("wheel_size", wheel_size, minimum=2)
+        if start_ms is not None:
+            _check_int("start_ms", start_ms)
+        self.name = name
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._now = self.clock.now_ms
+        self._manual = is_manual(self.clock)
+        # The one lock of this timer (see the module doc); the condition lets
+        # advance_clock sleep until a bucket is due or an add queues an earlier one.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._counter = TaskCounter()
+        self._queue = BucketDelayQueue()
+        self._wheel = TimingWheel(
+            tick_ms,
+            wheel_size,
+            self._now() if start_ms is None else start_ms,
+            self._counter,
+            self._queue,
+            self._lock,
+        )
+        self._waiting = 0
+        self._interrupts = 0
+        self._closed = False
+        self._own_executor: _ThreadExecutor | None = None
+        self._inline = False
+        self._executor: Executor | None = None
+        if executor is None:
+            self._own_executor = _ThreadExecutor(name)
+        elif executor == "inline":
+            self._inline = True
+        elif callable(getattr(executor, "submit", None)):
+            self._executor = executor
+        else:
+            raise TypeError(f"executor must be None, 'inline' or have submit(fn), got {executor!r}")
+        if self._manual:
+            add_listener = getattr(self.clock, "add_listener", None)
+            if add_listener is not None:
+                add_listener(self._wake)
+
+    # -- adding -----------------------------------------------------------
+
+    def add(self, task: TimerTask) -> None:
+        """Schedule ``task`` to run ``task.delay_ms`` after the clock's current time.
+
+        A task already due (expiration < the wheel's current time + tick, which
+        includes ``delay_ms <= 0``) goes to the executor at once. A cancelled task
+        is dropped. A task already pending in this timer is moved. O(1) in the
+        number of pending tasks (O(levels)).
+
+        Raises RuntimeError after :meth:`close`, and ValueError for a task pending
+        in another timer.
+        """
+        heap = self._queue._heap
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"timer {self.name!r} is closed")
+            lst = task._list
+            if lst is not None:
+                if lst is CANCELLED:
+                    return
+                if lst._lock is not self._lock:
+                    raise ValueError(f"{task!r} is pending in another timer; cancel it first")
+            task.expiration_ms = task._delay_ms + self._now()
+            waiting = self._waiting
+            old_head = heap[0] if waiting and heap else None
+            if self._wheel.add(task):
+                # Wake a sleeping advance_clock only if an earlier bucket appeared.
+                if waiting and heap[0] is not old_head:
+                    self._cond.notify_all()
+                return
+            if lst is not None:
+                lst.remove(task)
+        self._dispatch([task])
+
+    def schedule(self, delay_ms: int, fn: Callable[..., Any], *args: Any) -> TimerTask:
+        """Create a :class:`TimerTask` for ``fn(*args)`` after ``delay_ms``, add it, return it."""
+        task = TimerTask(delay_ms, fn, *args)
+        self.add(task)
+        return task
+
+    # -- the clock ----------------------------------------------------------
+
+    def advance_clock(self, timeout_ms: int = 0) -> bool:
+        """Run every due bucket, waiting up to ``timeout_ms`` for the first one.
+
+        As in Kafka: wait (on wall time, and only for a clock that is not manual)
+        until the first bucket is due; then, for each due bucket, advance the
+        wheels to its expiration, flush it and re-insert each task, which
+        cascades it to a finer level or runs it. Returns True if a bucket was
+        due, False otherwise. O(due buckets + tasks moved).
+        """
+        to_run: list[TimerTaskEntry] = []
+        queue_ = self._queue
+        with self._lock:
+            if self._closed:
+                return False
+            now = self._now()
+            bucket = queue_.poll(now)
+            if bucket is None:
+                if timeout_ms <= 0 or self._manual:
+                    return False
+                bucket, now = self._wait_for_bucket(now, timeout_ms)
+                if bucket is None:
+                    return False
+            wheel = self._wheel
+            wheel_add = wheel.add
+            while bucket is not None:
+                wheel.advance_clock(bucket._expiration_ms)
+                entries = bucket.flush()
+                if bucket.level == 0:
+                    # The finest level was just advanced to this bucket's start,
+                    # so every one of its tasks is due.
+                    to_run += entries
+                else:
+                    for entry in entries:
+                        if not wheel_add(entry):
+                            to_run.append(entry)
+                bucket = queue_.poll(now)
+        if to_run:
+            self._dispatch(to_run)  # type: ignore[arg-type]
+        return True
+
+    def _wait_for_bucket(self, now: int, timeout_ms: int) -> tuple[Any, int]:
+        """Sleep (lock held by caller) until a bucket is due, the timeout ends, or an interrupt."""
+        queue_ = self._queue
+        deadline = now + timeout_ms
+        interrupts = self._interrupts
+        self._waiting += 1
+        try:
+            while True:
+                head = queue_.head_expiration_ms()
+                wake_at = deadline if head is None or head > deadline else head
+                self._cond.wait((wake_at - now) / 1000.0)
+                now = self._now()
+                bucket = queue_.poll(now)
+                if (
+                    bucket is not None
+                    or now >= deadline
+                    or self._closed
+                    or self._interrupts != interrupts
+                ):
+                    return bucket, now
+        finally:
+            self._waiting -= 1
+
+    def _wait_for_work(self, timeout_s: float) -> None:
+        """For a reaper on a manual clock: sleep until the clock moves, an add, or ``timeout_s``."""
+        with self._lock:
+            if self._closed:
+                return
+            head = self._queue.head_expiration_ms()
+            if head is not None and head <= self._now():
+                return
+            self._waiting += 1
+            try:
+                self._cond.wait(timeout_s)
+            finally:
+                self._waiting -= 1
+
+    def _wake(self) -> None:
+        """Wake every thread sleeping in this timer so it looks again (clock moved)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _interrupt(self) -> None:
+        """Make every sleeping ``advance_clock`` return now (used to stop a reaper)."""
+        with self._cond:
+            self._interrupts += 1
+            self._cond.notify_all()
+
+    def _dispatch(self, tasks: list[TimerTask]) -> None:
+        """Hand due tasks to the executor. Called without the lock held."""
+        if self._inline:
+            for task in tasks:
+                try:
+                    task.run()
+                except Exception:
+                    logger.exception("timer task %r raised", task)
+        elif self._own_executor is not None:
+            self._own_executor.submit_many(tasks)
+        else:
+            submit = self._executor.submit  # type: ignore[union-attr]
+            for task in tasks:
+                submit(functools.partial(run_task, task))
+
+    # -- inspection -----------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Number of tasks held in buckets; drops at once on cancel. O(1)."""
+        return self._counter.value
+
+    @property
+    def tick_ms(self) -> int:
+        """The finest level's tick. O(1)."""
+        return self._wheel.tick_ms
+
+    @property
+    def wheel_size(self) -> int:
+        """Buckets per level. O(1)."""
+        return self._wheel.wheel_size
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`. O(1)."""
+        return self._closed
+
+    @property
+    def executor_thread(self) -> threading.Thread | None:
+        """The worker thread this timer created, if it has started one."""
+        own = self._own_executor
+        return own.thread if own is not None else None
+
+    def snapshot(self) -> WheelSnapshot:
+        """An immutable picture of all levels, buckets and the queue. O(levels × buckets + n)."""
+        with self._lock:
+            levels = self._wheel.levels()
+            level_snaps = tuple(
+                LevelSnapshot(
+                    tick_ms=wheel.tick_ms,
+                    wheel_size=wheel.wheel_size,
+                    interval_ms=wheel.interval_ms,
+                    current_time_ms=wheel.current_time_ms,
+                    buckets=tuple(
+                        BucketSnapshot(
+                            index=bucket.index,
+                            expiration_ms=bucket.expiration_ms,
+                            task_expirations=tuple(e.expiration_ms for e in bucket),
+                        )
+                        for bucket in wheel.buckets
+                    ),
+                )
+                for wheel in levels
+            )
+            queued = tuple(
+                (exp, bucket.level, bucket.index) for exp, bucket in self._queue.entries()
+            )
+            return WheelSnapshot(levels=level_snaps, queue=queued, size=self._counter.value)
+
+    def _check(self) -> None:
+        """Assert every invariant: links, counters, bucket expirations, queue contents."""
+        with self._lock:
+            held = self._wheel._check()
+            assert held == self._counter.value, f"size {self._counter.value} != {held} held"
+            self._queue._check()
+            queued = {id(bucket) for _, bucket in self._queue.entries()}
+            for wheel in self._wheel.levels():
+                for bucket in wheel.buckets:
+                    if bucket.expiration_ms != -1:
+                        assert id(bucket) in queued, (
+                            f"{bucket!r} has an expiration but is not queued"
+                        )
+                    else:
+                        assert id(bucket) not in queued, f"{bucket!r} is queued without expiration"
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the timer; pending tasks never run. Idempotent.
+
+        Wakes any thread in ``advance_clock``, then stops and joins the executor
+        thread this timer created (tasks already handed to it still run).
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        if self._own_executor is not None:
+            self._own_executor.shutdown()
+
+    def __enter__(self) -> SystemTimer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"SystemTimer(name={self.name!r}, tick_ms={self.tick_ms}, "
+            f"wheel_size={self.wheel_size}, size={self.size}, clock={self.clock!r})"
+        )
+
+
+class SystemTimerReaper:
+    """A thread that keeps a :class:`SystemTimer` moving (Kafka's expiration reaper).
+
+    The thread, named ``reaper-<name>``, loops ``timer.advance_clock(200)``. On a
+    manual clock, where ``advance_clock`` never waits, it sleeps until the clock
+    moves or an add queues a bucket instead of spinning.
+    """
+
+    WAIT_MS = 200
+
+    def __init__(self, timer: SystemTimer, name: str | None = None) -> None:
+        self.timer = timer
+        self.name = f"reaper-{name if name is not None else timer.name}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        timer = self.timer
+        stop = self._stop
+        manual = timer._manual
+        while not stop.is_set():
+            try:
+                fired = timer.advance_clock(self.WAIT_MS)
+                if not fired and manual and not stop.is_set():
+                    timer._wait_for_work(self.WAIT_MS / 1000.0)
+            except Exception:
+                logger.exception("reaper %s: advance_clock failed", self.name)
+
+    def add(self, task: TimerTask) -> None:
+        """Add ``task`` to the timer. O(1)."""
+        self.timer.add(task)
+
+    def schedule(self, delay_ms: int, fn: Callable[..., Any], *args: Any) -> TimerTask:
+        """Schedule ``fn(*args)`` after ``delay_ms`` on the timer."""
+        return self.timer.schedule(delay_ms, fn, *args)
+
+    @property
+    def size(self) -> int:
+        """The timer's size. O(1)."""
+        return self.timer.size
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The reaper thread."""
+        return self._thread
+
+    def close(self) -> None:
+        """Wake the reaper at once, join it, then close the timer. Idempotent.
+
+        Kafka wakes its reaper by adding a no-op task; here the timer's sleeping
+        ``advance_clock`` is interrupted directly.
+        """
+        self._stop.set()
+        thread = self._thread
+        if thread is not threading.current_thread():
+            # The reaper may be just about to sleep: interrupt until it has left.
+            while thread.is_alive():
+                self.timer._interrupt()
+                thread.join(0.01)
+        self.timer.close()
+
+    def __enter__(self) -> SystemTimerReaper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_int(name: str, value: object, minimum: int | None = None) -> None:
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
