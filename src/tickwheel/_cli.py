@@ -51,11 +51,19 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         delays=args.delays,
         max_steps=args.max_steps,
     )
-    if args.json:
-        json.dump([step.to_dict() for step in steps], sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_trace(steps))
+    try:
+        if args.json:
+            json.dump([step.to_dict() for step in steps], sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(render_trace(steps))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``tickwheel trace | head``): stop quietly, and keep
+        # Python from complaining again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     return 0
 
 

@@ -38,6 +38,8 @@ class TimerTask(TimerTaskEntry):
     _call: Callable[[], Any] | tuple[Callable[..., Any], tuple[Any, ...]] | None
 
     def __init__(self, delay_ms: int, fn: Callable[..., Any] | None = None, *args: Any) -> None:
+        # _next and _prev stay unset until the task is linked into a bucket;
+        # nothing reads them before (every reader first checks _list).
         if type(delay_ms) is not int:
             delay_ms = check_delay_ms(delay_ms)
         if fn is not None and not callable(fn):
@@ -46,8 +48,6 @@ class TimerTask(TimerTaskEntry):
         self._call = (fn, args) if args and fn is not None else fn
         self.expiration_ms = -1
         self._list = None
-        self._next = None
-        self._prev = None
 
     @property
     def delay_ms(self) -> int:
@@ -83,12 +83,23 @@ class TimerTask(TimerTaskEntry):
             if lst is None or lst is CANCELLED:
                 return False
             # Every list of a timer shares the timer's lock; take it, then make
-            # sure a concurrent flush did not move the task meanwhile.
-            with lst._lock:
+            # sure a concurrent flush did not move the task meanwhile. The unlink
+            # is TimerTaskList.remove inlined (this is a hot path), and the lock
+            # is taken with acquire/release, cheaper than ``with``.
+            lock = lst._lock
+            lock.acquire()
+            try:
                 if self._list is lst:
-                    lst.remove(self)
+                    nxt = self._next
+                    prev = self._prev
+                    nxt._prev = prev  # type: ignore[union-attr]
+                    prev._next = nxt  # type: ignore[union-attr]
+                    self._next = self._prev = None
                     self._list = CANCELLED
+                    lst._counter.value -= 1
                     return True
+            finally:
+                lock.release()
 
     @property
     def is_cancelled(self) -> bool:

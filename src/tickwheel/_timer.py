@@ -22,18 +22,22 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import Any, Literal, Protocol
 
 from ._clock import Clock, SystemClock, is_manual
 from ._delay_queue import BucketDelayQueue
 from ._snapshot import BucketSnapshot, LevelSnapshot, WheelSnapshot
-from ._task import TimerTask
+from ._task import TimerTask, check_delay_ms
 from ._task_list import CANCELLED, TaskCounter, TimerTaskEntry
 from ._wheel import TimingWheel
 
 __all__ = ["Executor", "SystemTimer", "SystemTimerReaper"]
 
 logger = logging.getLogger("tickwheel")
+
+# Creates a TimerTask without calling __init__: ``schedule`` sets its slots itself.
+_new_task = TimerTask.__new__
 
 
 class Executor(Protocol):
@@ -64,18 +68,23 @@ class _ThreadExecutor:
         self._shutdown = False
 
     def submit_many(self, tasks: list[TimerTask]) -> None:
-        if self._thread is None:
-            self._start()
-        put = self._queue.put
-        for task in tasks:
-            put(task)
+        """Queue ``tasks`` for the worker thread, starting it on first use. O(len(tasks)).
 
-    def _start(self) -> None:
+        After :meth:`shutdown` the tasks run in the calling thread instead: they
+        were due and their ``cancel()`` already returns False, so they must run.
+        """
         with self._lock:
-            if self._thread is None and not self._shutdown:
-                thread = threading.Thread(target=self._work, name=self.name, daemon=True)
-                thread.start()
-                self._thread = thread
+            if not self._shutdown:
+                if self._thread is None:
+                    thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+                    thread.start()
+                    self._thread = thread
+                put = self._queue.put
+                for task in tasks:
+                    put(task)
+                return
+        for task in tasks:
+            run_task(task)
 
     def _work(self) -> None:
         get = self._queue.get
@@ -87,14 +96,17 @@ class _ThreadExecutor:
             run_task(task)
 
     def shutdown(self) -> None:
-        """Run what was already submitted, then stop and join the thread."""
+        """Run what was already submitted, then stop and join the thread. Idempotent."""
         with self._lock:
+            if self._shutdown:
+                return
             self._shutdown = True
             thread = self._thread
-        if thread is not None:
-            self._queue.put(self._STOP)
-            if thread is not threading.current_thread():
-                thread.join()
+            if thread is not None:
+                # Under the lock: every task submitted before is queued before the stop.
+                self._queue.put(self._STOP)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -184,32 +196,102 @@ class SystemTimer:
         Raises RuntimeError after :meth:`close`, and ValueError for a task pending
         in another timer.
         """
-        heap = self._queue._heap
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._closed:
                 raise RuntimeError(f"timer {self.name!r} is closed")
             lst = task._list
             if lst is not None:
                 if lst is CANCELLED:
                     return
-                if lst._lock is not self._lock:
+                if lst._lock is not lock:
                     raise ValueError(f"{task!r} is pending in another timer; cancel it first")
-            task.expiration_ms = task._delay_ms + self._now()
-            waiting = self._waiting
-            old_head = heap[0] if waiting and heap else None
-            if self._wheel.add(task):
-                # Wake a sleeping advance_clock only if an earlier bucket appeared.
-                if waiting and heap[0] is not old_head:
-                    self._cond.notify_all()
+            expiration = task._delay_ms + self._now()
+            task.expiration_ms = expiration
+            # TimingWheel.add and TimerTaskList.add, inlined: this is the hot path.
+            wheel = self._wheel
+            if expiration >= wheel.current_time_ms + wheel.tick_ms:
+                while expiration >= wheel.current_time_ms + wheel.interval_ms:
+                    wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
+                tick = wheel.tick_ms
+                virtual_id = expiration // tick
+                bucket = wheel.buckets[virtual_id % wheel.wheel_size]
+                if lst is None:
+                    self._counter.value += 1
+                else:  # a move: unlink from the old bucket; the size is unchanged
+                    nxt = task._next
+                    prev = task._prev
+                    nxt._prev = prev  # type: ignore[union-attr]
+                    prev._next = nxt  # type: ignore[union-attr]
+                root = bucket._root
+                tail = root._prev
+                task._next = root
+                task._prev = tail
+                task._list = bucket
+                tail._next = task  # type: ignore[union-attr]
+                root._prev = task
+                # A bucket is (re)queued only when it starts a new range.
+                expiration = virtual_id * tick
+                if bucket._expiration_ms != expiration:
+                    bucket._expiration_ms = expiration
+                    # Wake a sleeping advance_clock only if an earlier bucket appeared.
+                    if self._queue.offer(bucket) and self._waiting:
+                        self._cond.notify_all()
                 return
             if lst is not None:
                 lst.remove(task)
+        finally:
+            lock.release()
         self._dispatch([task])
 
     def schedule(self, delay_ms: int, fn: Callable[..., Any], *args: Any) -> TimerTask:
-        """Create a :class:`TimerTask` for ``fn(*args)`` after ``delay_ms``, add it, return it."""
-        task = TimerTask(delay_ms, fn, *args)
-        self.add(task)
+        """Create a :class:`TimerTask` for ``fn(*args)`` after ``delay_ms``, add it, return it.
+
+        Exactly ``task = TimerTask(delay_ms, fn, *args); self.add(task)``, with
+        both inlined: this is the hottest path of the library. O(1) in the
+        number of pending tasks (O(levels)).
+        """
+        if type(delay_ms) is not int:
+            delay_ms = check_delay_ms(delay_ms)
+        if not callable(fn) and fn is not None:
+            raise TypeError(f"fn must be callable or None, got {fn!r}")
+        task = _new_task(TimerTask)
+        task._delay_ms = delay_ms
+        task._call = (fn, args) if args and fn is not None else fn
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._closed:
+                raise RuntimeError(f"timer {self.name!r} is closed")
+            expiration = delay_ms + self._now()
+            task.expiration_ms = expiration
+            # TimingWheel.add and TimerTaskList.add, inlined.
+            wheel = self._wheel
+            if expiration >= wheel.current_time_ms + wheel.tick_ms:
+                while expiration >= wheel.current_time_ms + wheel.interval_ms:
+                    wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
+                tick = wheel.tick_ms
+                virtual_id = expiration // tick
+                bucket = wheel.buckets[virtual_id % wheel.wheel_size]
+                self._counter.value += 1
+                root = bucket._root
+                tail = root._prev
+                task._next = root
+                task._prev = tail
+                task._list = bucket
+                tail._next = task  # type: ignore[union-attr]
+                root._prev = task
+                expiration = virtual_id * tick
+                if bucket._expiration_ms != expiration:
+                    bucket._expiration_ms = expiration
+                    if self._queue.offer(bucket) and self._waiting:
+                        self._cond.notify_all()
+                return task
+            task._list = None
+        finally:
+            lock.release()
+        self._dispatch([task])
         return task
 
     # -- the clock ----------------------------------------------------------
@@ -223,9 +305,20 @@ class SystemTimer:
         cascades it to a finer level or runs it. Returns True if a bucket was
         due, False otherwise. O(due buckets + tasks moved).
         """
-        to_run: list[TimerTaskEntry] = []
         queue_ = self._queue
-        with self._lock:
+        if timeout_ms <= 0 or self._manual:
+            # Nothing due: answer without the lock (an event-time loop calls this
+            # once per event). A racing add can only make a bucket due that a
+            # call an instant earlier would have missed too.
+            try:
+                if queue_._heap[0][0] > self._now():
+                    return False
+            except IndexError:  # empty, or emptied by another thread meanwhile
+                return False
+        to_run: list[TimerTaskEntry] = []
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._closed:
                 return False
             now = self._now()
@@ -237,19 +330,73 @@ class SystemTimer:
                 if bucket is None:
                     return False
             wheel = self._wheel
-            wheel_add = wheel.add
-            while bucket is not None:
-                wheel.advance_clock(bucket._expiration_ms)
-                entries = bucket.flush()
+            counter = self._counter
+            append = to_run.append
+            # The delay queue's offer and poll, inlined (BucketDelayQueue is a heap
+            # of (expiration, seq, bucket)).
+            heap = queue_._heap
+            seq = queue_._seq
+            due = 0
+            while True:
+                expiration = bucket._expiration_ms
+                # TimingWheel.advance_clock, inlined.
+                level: TimingWheel | None = wheel
+                while level is not None and expiration >= level.current_time_ms + level.tick_ms:
+                    expiration = level.current_time_ms = expiration - expiration % level.tick_ms
+                    level = level.overflow_wheel
+                # TimerTaskList.flush and TimingWheel.add, inlined: walk the
+                # bucket once and move each entry straight to its new place.
+                root = bucket._root
+                node = root._next
+                root._next = root._prev = root
+                bucket._expiration_ms = -1
                 if bucket.level == 0:
                     # The finest level was just advanced to this bucket's start,
                     # so every one of its tasks is due.
-                    to_run += entries
+                    while node is not root:
+                        nxt = node._next  # type: ignore[union-attr]
+                        node._next = node._prev = node._list = None  # type: ignore[union-attr]
+                        append(node)  # type: ignore[arg-type]
+                        due += 1
+                        node = nxt
                 else:
-                    for entry in entries:
-                        if not wheel_add(entry):
-                            to_run.append(entry)
-                bucket = queue_.poll(now)
+                    # Each entry cascades to a finer level (never this one: the
+                    # wheels now start at this bucket's expiration) or is due.
+                    current = wheel.current_time_ms
+                    first_tick = current + wheel.tick_ms
+                    while node is not root:
+                        nxt = node._next  # type: ignore[union-attr]
+                        expiration = node.expiration_ms  # type: ignore[union-attr]
+                        if expiration < first_tick:
+                            node._next = node._prev = node._list = None  # type: ignore[union-attr]
+                            append(node)  # type: ignore[arg-type]
+                            due += 1
+                        else:
+                            lower = wheel
+                            while expiration >= lower.current_time_ms + lower.interval_ms:
+                                lower = lower.overflow_wheel  # type: ignore[assignment]
+                            tick = lower.tick_ms
+                            virtual_id = expiration // tick
+                            target = lower.buckets[virtual_id % lower.wheel_size]
+                            troot = target._root
+                            tail = troot._prev
+                            node._next = troot  # type: ignore[union-attr]
+                            node._prev = tail  # type: ignore[union-attr]
+                            node._list = target  # type: ignore[union-attr]
+                            tail._next = node  # type: ignore[union-attr]
+                            troot._prev = node
+                            expiration = virtual_id * tick
+                            if target._expiration_ms != expiration:
+                                target._expiration_ms = expiration
+                                heappush(heap, (expiration, next(seq), target))
+                        node = nxt
+                if heap and heap[0][0] <= now:
+                    bucket = heappop(heap)[2]
+                else:
+                    break
+            counter.value -= due
+        finally:
+            lock.release()
         if to_run:
             self._dispatch(to_run)  # type: ignore[arg-type]
         return True
@@ -305,9 +452,18 @@ class SystemTimer:
     def _dispatch(self, tasks: list[TimerTask]) -> None:
         """Hand due tasks to the executor. Called without the lock held."""
         if self._inline:
+            plain = TimerTask
             for task in tasks:
                 try:
-                    task.run()
+                    if task.__class__ is plain:
+                        # TimerTask.run, inlined for the common case.
+                        call = task._call
+                        if call.__class__ is tuple:
+                            call[0](*call[1])  # type: ignore[index, unused-ignore]
+                        elif call is not None:
+                            call()  # type: ignore[operator, unused-ignore]
+                    else:
+                        task.run()
                 except Exception:
                     logger.exception("timer task %r raised", task)
         elif self._own_executor is not None:
