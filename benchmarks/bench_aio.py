@@ -1,0 +1,274 @@
+"""Benchmark: tickwheel.aio.AsyncTimer against the event loop's own timers.
+
+Workload (issue 4), per N: on a running loop, schedule N timers with delays
+uniform in [1, 30] s; cancel 90 % of them; re-arm half of the rest once (an
+idle-timeout reset: cancel, then schedule anew); run the loop until the
+remainder fire. The same workload, with the same random numbers, runs on:
+
+* ``asyncio``   -- ``loop.call_later`` of CPython's selector loop;
+* ``tickwheel`` -- ``AsyncTimer().call_later`` on that same kind of loop;
+* ``uvloop``    -- ``loop.call_later`` of uvloop (optional, if installed).
+
+The asyncio and tickwheel runs use :class:`tickwheel.aio.VirtualClockEventLoop`:
+when the loop would sleep until its next timer, its clock jumps there, so 30 s
+of timers run in CPU time only, identically for both. uvloop's clock cannot be
+moved, so its runs wait the 30 s in real time (``--uvloop`` to include them).
+
+Times are CPU time of this process (``time.process_time_ns``), robust to other
+load on a shared machine, with the cyclic GC on (``--no-gc`` turns it off:
+at N = 1e6 much of a schedule's cost is the GC traversing a million pending
+handles); each side runs ``--repeat`` times, interleaved, and
+the run with the smallest total is shown. Memory is measured in a separate run
+with tracemalloc: bytes per pending timer (handle plus everything it owns), and
+how much of the cancelled timers' memory is released at once by ``cancel()``
+and after one loop iteration.
+
+    python benchmarks/bench_aio.py                     # N = 1e5 and 1e6
+    python benchmarks/bench_aio.py --sizes 100000 --repeat 5 --uvloop
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import platform
+import random
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tickwheel.aio import AsyncTimer, VirtualClockEventLoop
+
+try:
+    import uvloop
+except ImportError:  # optional peer
+    uvloop = None
+
+
+@dataclass
+class Workload:
+    """The random numbers of one size, shared by every side."""
+
+    n: int
+    delays: list[float]
+    cancel: list[int]
+    rearm: list[int]
+    rearm_delays: list[float]
+    survivors: int
+
+
+def make_workload(n: int, seed: int) -> Workload:
+    """Delays U[1, 30] s; a random 90 % to cancel; half of the rest to re-arm."""
+    rng = random.Random(seed)
+    delays = [rng.uniform(1.0, 30.0) for _ in range(n)]
+    order = list(range(n))
+    rng.shuffle(order)
+    n_cancel = n * 9 // 10
+    rest = order[n_cancel:]
+    rearm = rest[: len(rest) // 2]
+    return Workload(
+        n=n,
+        delays=delays,
+        cancel=order[:n_cancel],
+        rearm=rearm,
+        rearm_delays=[rng.uniform(1.0, 30.0) for _ in rearm],
+        survivors=len(rest),
+    )
+
+
+@dataclass
+class Result:
+    """CPU nanoseconds of each phase of one run."""
+
+    schedule: int
+    cancel: int
+    rearm: int
+    fire: int
+
+    @property
+    def total(self) -> int:
+        return self.schedule + self.cancel + self.rearm + self.fire
+
+
+def _new_loop(side: str) -> asyncio.AbstractEventLoop:
+    if side == "uvloop":
+        assert uvloop is not None
+        return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    return VirtualClockEventLoop(start=10_000.0)
+
+
+def _scheduler(side: str, loop: asyncio.AbstractEventLoop) -> tuple[Callable[..., Any], Any]:
+    if side == "tickwheel":
+        timer = AsyncTimer(loop=loop)
+        return timer.call_later, timer
+    return loop.call_later, None
+
+
+def run_once(side: str, w: Workload) -> Result:
+    """One timed run of the workload on a fresh loop."""
+    loop = _new_loop(side)
+    try:
+
+        async def main() -> Result:
+            call_later, timer = _scheduler(side, loop)
+            fired = 0
+            target = w.survivors
+            done = loop.create_future()
+
+            def callback() -> None:
+                nonlocal fired
+                fired += 1
+                if fired == target:
+                    done.set_result(None)
+
+            delays, cancel, rearm = w.delays, w.cancel, w.rearm
+            clock = time.process_time_ns
+            gc.collect()
+            t0 = clock()
+            handles = [call_later(d, callback) for d in delays]
+            t1 = clock()
+            for i in cancel:
+                handles[i].cancel()
+            t2 = clock()
+            for i, d in zip(rearm, w.rearm_delays, strict=True):
+                handles[i].cancel()
+                handles[i] = call_later(d, callback)
+            t3 = clock()
+            await done
+            t4 = clock()
+            assert fired == target
+            if timer is not None:
+                assert timer.size == 0
+                timer.close()
+            return Result(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@dataclass
+class Memory:
+    """tracemalloc figures of one side."""
+
+    per_timer: float  # bytes per pending timer
+    released_at_cancel: float  # fraction of the cancelled timers' bytes freed by cancel()
+    released_next_iteration: float  # ... after one more loop iteration
+
+
+def measure_memory(side: str, w: Workload) -> Memory:
+    """Bytes per pending timer, and memory released by cancelling 90 % of them."""
+    loop = _new_loop(side)
+    try:
+
+        async def main() -> Memory:
+            call_later, timer = _scheduler(side, loop)
+            handles: list[Any] = [None] * w.n
+            cancel = w.cancel
+
+            def callback() -> None:
+                pass
+
+            gc.collect()
+            tracemalloc.start()
+            m0 = tracemalloc.get_traced_memory()[0]
+            for i, d in enumerate(w.delays):
+                handles[i] = call_later(d, callback)
+            m1 = tracemalloc.get_traced_memory()[0]
+            for i in cancel:
+                handles[i].cancel()
+                handles[i] = None
+            gc.collect()
+            m2 = tracemalloc.get_traced_memory()[0]
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            gc.collect()
+            m3 = tracemalloc.get_traced_memory()[0]
+            tracemalloc.stop()
+            per_timer = (m1 - m0) / w.n
+            cancelled_bytes = per_timer * len(cancel)
+            for h in handles:
+                if h is not None:
+                    h.cancel()
+            if timer is not None:
+                timer.close()
+            return Memory(per_timer, (m1 - m2) / cancelled_bytes, (m1 - m3) / cancelled_bytes)
+
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its tables."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=20260422)
+    parser.add_argument("--memory-n", type=int, default=100_000, help="timers in the memory run")
+    parser.add_argument(
+        "--uvloop", action="store_true", help="include uvloop (waits 30 s of real time per size)"
+    )
+    parser.add_argument(
+        "--no-gc", action="store_true", help="disable the cyclic GC in the timed runs"
+    )
+    args = parser.parse_args(argv)
+    if args.no_gc:
+        gc.disable()
+    sides = ["asyncio", "tickwheel"]
+    if args.uvloop:
+        if uvloop is None:
+            print("uvloop is not installed: skipped")
+        else:
+            sides.append("uvloop")
+
+    print(f"python {platform.python_version()} ({platform.python_implementation()}), ", end="")
+    print(f"{platform.machine()}, uvloop {getattr(uvloop, '__version__', 'not installed')}")
+    print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
+    print(f"cyclic GC: {'disabled' if args.no_gc else 'enabled (default thresholds)'}")
+    for n in args.sizes:
+        w = make_workload(n, args.seed)
+        best: dict[str, Result] = {}
+        for _ in range(args.repeat):
+            for side in sides:
+                if side == "uvloop" and side in best:
+                    continue  # one real-time run is enough
+                r = run_once(side, w)
+                if side not in best or r.total < best[side].total:
+                    best[side] = r
+        base = best["asyncio"].total
+        print()
+        print(
+            f"N = {n:,}: delays U[1, 30] s, cancel {len(w.cancel):,}, "
+            f"re-arm {len(w.rearm):,}, fire {w.survivors:,}  (CPU ns per operation)"
+        )
+        print(
+            f"{'side':<10} {'schedule':>9} {'cancel':>7} {'re-arm':>7} {'fire':>7} "
+            f"{'lifecycle ms':>13} {'vs asyncio':>11}"
+        )
+        for side in sides:
+            r = best[side]
+            print(
+                f"{side:<10} {r.schedule / n:>9.0f} {r.cancel / len(w.cancel):>7.0f} "
+                f"{r.rearm / max(1, len(w.rearm)):>7.0f} {r.fire / w.survivors:>7.0f} "
+                f"{r.total / 1e6:>13.1f} {r.total / base:>10.2f}x"
+            )
+    w = make_workload(args.memory_n, args.seed)
+    print()
+    print(f"memory, N = {args.memory_n:,} (tracemalloc; cancelling 90 %)")
+    print(f"{'side':<10} {'bytes/pending':>14} {'freed at cancel':>16} {'after 1 iteration':>18}")
+    for side in sides:
+        m = measure_memory(side, w)
+        print(
+            f"{side:<10} {m.per_timer:>14.0f} {m.released_at_cancel:>15.0%} "
+            f"{m.released_next_iteration:>17.0%}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
