@@ -1,0 +1,369 @@
+"""Benchmark of the pipeline on Spark (issue 5): tickwheel's job against Spark's own answers.
+
+For each size N (orders from ``tickwheel pipeline generate``, about 1.8 records
+per order), on ``local[2]``, in one process and one SparkSession:
+
+* **tickwheel**: the batch job (``run_job``), checked equal to the plain-Python
+  reference on every output;
+* **dataframe**: the pure DataFrame formulation of the one-open/one-complete
+  rule (parse, dropDuplicates by id, groupBy key, compare the paid time with the
+  deadline), checked equal to the reference on the keys where its assumptions
+  hold (one ``created``, at most one ``paid``, no ``cancelled``);
+* **applyInPandasWithState** (``--with-state``, small N only: it needs minutes):
+  a Structured Streaming job over the same files with ``EventTimeTimeout``,
+  checked the same way on the completed operations.
+
+Times exclude the SparkSession start and a warm-up run of both jobs on 2,000
+orders. ``events/s`` is input records per second.
+"Loop" is the purgatory loop inside mapInArrow, per core. Peak memory is the
+JVM's and this driver's peak RSS so far (VmHWM), so it only grows down the table.
+
+    python benchmarks/bench_pipeline.py --orders 100000 1000000 --with-state 100000
+    python benchmarks/bench_pipeline.py --incremental ...   # the incremental benchmark
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "examples" / "orders.toml"
+TIMEOUT_MS = 1_800_000
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _simple_keys(reference: Any) -> set[str]:
+    """Keys where the one-open/one-complete formulation's assumptions hold.
+
+    In the reference: exactly one operation, completed or expired, and no
+    unmatched event (so no payment before the order, no second payment, no
+    cancel).
+    """
+    ops: dict[str, list[str]] = defaultdict(list)
+    for row in reference.outcomes:
+        ops[row[1]].append(row[5])
+    unmatched = {row[1] for row in reference.unmatched}
+    buffered = {row[1] for row in reference.buffered}
+    return {
+        key for key, outcomes in ops.items()
+        if len(outcomes) == 1 and outcomes[0] in ("completed", "expired")
+        and key not in unmatched and key not in buffered
+    }  # fmt: skip
+
+
+def dataframe_formulation(spark: Any, data: Path, out: Path) -> None:
+    """The pure DataFrame answer to the one-open/one-complete rule."""
+    from pyspark.sql import functions as F
+
+    from tickwheel.pipeline.events import INT_PATTERN, ISO_PATTERN
+
+    raw = spark.read.schema(
+        "event_id string, order_id string, type string, ts string, seq string"
+    ).json(str(data))
+    ts = F.col("ts")
+    time_ms = F.when(ts.rlike(INT_PATTERN), ts.try_cast("long")).when(
+        ts.rlike(ISO_PATTERN), F.unix_millis(ts.try_cast("timestamp"))
+    )
+    events = (
+        raw.filter(F.col("seq").isNull() | F.col("seq").rlike(INT_PATTERN))  # as tickwheel does
+        .select("event_id", "order_id", "type", time_ms.alias("t"))
+        .filter(
+            F.col("event_id").isNotNull() & F.col("order_id").isNotNull() & F.col("t").isNotNull()
+        )
+        .dropDuplicates(["event_id"])
+    )
+    per_key = events.groupBy("order_id").agg(
+        F.min(F.when(F.col("type") == "created", F.col("t"))).alias("opened_at"),
+        F.min(F.when(F.col("type") == "paid", F.col("t"))).alias("paid_at"),
+    )
+    deadline = F.col("opened_at") + F.lit(TIMEOUT_MS)
+    result = per_key.filter(F.col("opened_at").isNotNull()).select(
+        F.col("order_id").alias("key"),
+        "opened_at",
+        deadline.alias("deadline"),
+        F.when(
+            F.col("paid_at").isNotNull() & (F.col("paid_at") >= F.col("opened_at"))
+            & (F.col("paid_at") < deadline),
+            F.lit("completed"),
+        ).otherwise(F.lit("expired")).alias("outcome"),
+        F.when(
+            F.col("paid_at").isNotNull() & (F.col("paid_at") >= F.col("opened_at"))
+            & (F.col("paid_at") < deadline),
+            F.col("paid_at"),
+        ).otherwise(deadline).alias("resolved_at"),
+    )  # fmt: skip
+    result.write.mode("overwrite").parquet(str(out))
+
+
+def apply_in_pandas_with_state(spark: Any, data: Path, out: Path, checkpoint: Path) -> None:
+    """Spark's stateful answer: applyInPandasWithState with EventTimeTimeout, as a stream."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from tickwheel.pipeline.events import INT_PATTERN, ISO_PATTERN
+
+    # The file source takes files in modification-time order: make it the files'
+    # arrival order, so the watermark moves forward with the data.
+    base = time.time() - 3600
+    for index, path in enumerate(sorted(data.glob("part-*.jsonl"))):
+        os.utime(path, (base + index, base + index))
+    stream = (
+        spark.readStream.schema(
+            "event_id string, order_id string, type string, ts string, seq string"
+        )
+        .option("maxFilesPerTrigger", 1)
+        .json(str(data))
+    )
+    ts = F.col("ts")
+    time_ms = F.when(ts.rlike(INT_PATTERN), ts.try_cast("long")).when(
+        ts.rlike(ISO_PATTERN), F.unix_millis(ts.try_cast("timestamp"))
+    )
+    events = (
+        stream.filter(F.col("seq").isNull() | F.col("seq").rlike(INT_PATTERN))
+        .select("event_id", "order_id", "type", time_ms.alias("t"))
+        .filter(
+            F.col("event_id").isNotNull() & F.col("order_id").isNotNull() & F.col("t").isNotNull()
+        )
+        .withColumn("event_time", F.timestamp_millis(F.col("t")))
+        .withWatermark("event_time", "3 minutes")  # arrival is shuffled within 2 min
+    )
+
+    def step(key: Any, frames: Any, state: Any) -> Any:
+        # State: (opened_at, paid_at), either may be null: a payment may arrive
+        # (in an earlier micro-batch) before its order's creation.
+        rows = []
+        opened, paid = state.get if state.exists else (None, None)
+        if state.hasTimedOut:
+            state.remove()
+            if opened is not None:
+                rows.append((key[0], opened, opened + TIMEOUT_MS, "expired", opened + TIMEOUT_MS))
+        else:
+            for frame in frames:
+                for t, kind in zip(frame["t"], frame["type"], strict=True):
+                    if kind == "created" and (opened is None or t < opened):
+                        opened = int(t)
+                    elif kind == "paid" and (paid is None or t < paid):
+                        paid = int(t)
+            watermark = state.getCurrentWatermarkMs()
+            if opened is not None and paid is not None and opened <= paid < opened + TIMEOUT_MS:
+                rows.append((key[0], opened, opened + TIMEOUT_MS, "completed", paid))
+                state.remove()
+            elif opened is not None and opened + TIMEOUT_MS <= watermark:
+                # already past its deadline (the timeout runs after the data)
+                rows.append((key[0], opened, opened + TIMEOUT_MS, "expired", opened + TIMEOUT_MS))
+                state.remove()
+            elif opened is None and paid is not None and paid + TIMEOUT_MS <= watermark:
+                state.remove()
+            elif opened is None and paid is None:  # only cancels: nothing to track
+                if state.exists:
+                    state.remove()
+            else:
+                state.update((opened, paid))
+                anchor = opened if opened is not None else paid
+                assert anchor is not None
+                state.setTimeoutTimestamp(anchor + TIMEOUT_MS)
+        yield pd.DataFrame(rows, columns=["key", "opened_at", "deadline", "outcome", "resolved_at"])
+
+    query = (
+        events.groupBy("order_id")
+        .applyInPandasWithState(
+            step,
+            "key string, opened_at long, deadline long, outcome string, resolved_at long",
+            "opened long, paid long",
+            "append",
+            GroupStateTimeout.EventTimeTimeout,
+        )
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+def _check_simple(
+    name: str, out: Path, reference: Any, simple: set[str], only_completed: bool
+) -> str:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out).to_pydict()
+    got = {
+        (k, o, d, outcome, r)
+        for k, o, d, outcome, r in zip(
+            table["key"], table["opened_at"], table["deadline"], table["outcome"],
+            table["resolved_at"], strict=True,
+        )
+        if k in simple and (outcome == "completed" or not only_completed)
+    }  # fmt: skip
+    expected = {
+        (r[1], r[3], r[4], r[5], r[6])
+        for r in reference.outcomes
+        if r[1] in simple
+        and r[5] in (("completed",) if only_completed else ("completed", "expired"))
+    }
+    if got != expected:
+        message = (
+            f"DIFFERS from the reference on {len(got ^ expected):,} of "
+            f"{len(expected):,} simple-key outcomes"
+        )
+        print(f"{name}: {message}")
+        return message
+    return f"equal to the reference on {len(expected):,} simple-key outcomes"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--orders", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--with-state", type=int, nargs="*", default=[],
+                        help="sizes at which to run applyInPandasWithState too")  # fmt: skip
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--work-dir", default=None, help="where data and outputs go")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--incremental", action="store_true",
+                        help="run benchmarks/bench_pipeline_incremental.py instead")  # fmt: skip
+    args, rest = parser.parse_known_args(argv)
+    if args.incremental:
+        script = Path(__file__).with_name("bench_pipeline_incremental.py")
+        if not script.exists():
+            print(f"no incremental benchmark yet ({script})", file=sys.stderr)
+            return 2
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("bench_pipeline_incremental", script)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        result: int = module.main(rest)
+        return result
+    if rest:
+        parser.error(f"unknown arguments {rest}")
+
+    from tickwheel.pipeline.generate import generate_orders
+    from tickwheel.pipeline.reference import iter_input_lines, run_reference
+    from tickwheel.pipeline.rules import load_rules
+    from tickwheel.pipeline.spark_job import OUTCOME_COLUMNS, create_session, run_job
+
+    rules = load_rules(RULES)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-pipeline-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}")  # fmt: skip
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False)
+    print(f"java: {(java.stderr or java.stdout).splitlines()[0] if java.returncode == 0 else '?'}")
+    started = time.perf_counter()
+    spark = create_session("local[2]", shuffle_partitions=args.partitions)
+    jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    print(f"SparkSession {spark.version} up in {time.perf_counter() - started:.1f}s (not counted)")
+    rows: list[dict[str, Any]] = []
+    try:
+        # Warm the JVM (class loading, code generation) for both jobs, untimed.
+        warm = work / "warm-up"
+        generate_orders(2_000, warm / "data", seed=1, files=2)
+        t = time.perf_counter()
+        run_job(
+            spark, rules, str(warm / "data"), str(warm / "tickwheel"), partitions=args.partitions
+        )
+        dataframe_formulation(spark, warm / "data", warm / "dataframe")
+        print(f"warm-up: {time.perf_counter() - t:.1f}s (not counted)")
+        for n in args.orders:
+            data = work / f"orders-{n}"
+            stats = generate_orders(n, data, seed=args.seed, files=8)
+            records = stats.records
+            print(f"\n== {n:,} orders: {records:,} records in {data}")
+            t = time.perf_counter()
+            reference = run_reference(iter_input_lines(data), rules)
+            simple = _simple_keys(reference)
+            print(f"reference: {time.perf_counter() - t:.1f}s")
+
+            out = work / f"out-tickwheel-{n}"
+            t = time.perf_counter()
+            summary = run_job(spark, rules, str(data), str(out), partitions=args.partitions)
+            seconds = time.perf_counter() - t
+            import pyarrow.parquet as pq
+
+            from tickwheel.pipeline.reference import _sort_key
+
+            table = pq.read_table(out / "outcomes").to_pydict()
+            got = sorted(zip(*[table[c] for c in OUTCOME_COLUMNS], strict=True), key=_sort_key)
+            if got != reference.outcomes:
+                raise SystemExit("tickwheel: outcomes differ from the reference")
+            rows.append({
+                "orders": n, "who": "tickwheel", "seconds": seconds, "records": records,
+                "loop": summary["loop"]["events_per_s"],
+                "loop_wall": summary["loop"]["events_per_wall_s"],
+                "check": "outcomes/ equal to the reference, row for row",
+                "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
+            })  # fmt: skip
+            print(f"tickwheel: {seconds:.1f}s, loop {summary['loop']['events_per_s']:,.0f} ev/s")
+
+            out = work / f"out-dataframe-{n}"
+            t = time.perf_counter()
+            dataframe_formulation(spark, data, out)
+            seconds = time.perf_counter() - t
+            check = _check_simple("dataframe", out, reference, simple, only_completed=False)
+            rows.append({
+                "orders": n, "who": "dataframe", "seconds": seconds, "records": records,
+                "loop": None, "check": check,
+                "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
+            })  # fmt: skip
+            print(f"dataframe: {seconds:.1f}s")
+
+            if n in args.with_state:
+                out = work / f"out-state-{n}"
+                ck = work / f"ck-state-{n}"
+                shutil.rmtree(out, ignore_errors=True)
+                shutil.rmtree(ck, ignore_errors=True)
+                t = time.perf_counter()
+                apply_in_pandas_with_state(spark, data, out, ck)
+                seconds = time.perf_counter() - t
+                check = _check_simple("applyInPandasWithState", out, reference, simple, True)
+                rows.append({
+                    "orders": n, "who": "applyInPandasWithState", "seconds": seconds,
+                    "records": records, "loop": None, "check": check,
+                    "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
+                })  # fmt: skip
+                print(f"applyInPandasWithState: {seconds:.1f}s")
+    finally:
+        spark.stop()
+
+    print()
+    header = (f"{'orders':>10} {'job':<24} {'seconds':>9} {'events/s':>11} {'vs tickwheel':>13} "
+              f"{'loop ev/s':>10} {'JVM MB':>8} {'driver MB':>10}  check")  # fmt: skip
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        ours = next(r for r in rows if r["orders"] == row["orders"] and r["who"] == "tickwheel")
+        ratio = row["seconds"] / ours["seconds"]
+        loop = f"{row['loop']:>10,.0f}" if row["loop"] else f"{'':>10}"
+        print(
+            f"{row['orders']:>10,} {row['who']:<24} {row['seconds']:>9.1f} "
+            f"{row['records'] / row['seconds']:>11,.0f} {ratio:>12.2f}x {loop} "
+            f"{row['jvm_mb']:>8,.0f} {row['driver_mb']:>10,.0f}  {row['check']}"
+        )
+    print("\n'vs tickwheel' = that job's seconds / tickwheel's seconds (> 1: tickwheel is faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""``tickwheel pipeline generate|run|report``.
+
+Importing this module must stay cheap: pyspark, pandas and matplotlib are
+imported inside the commands, so ``tickwheel --help`` does not start them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_pipeline_parser"]
+
+
+def _int_at_least(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _duration(text: str) -> int:
+    from .rules import RulesError, parse_duration
+
+    try:
+        return parse_duration(text, "--timeout")
+    except RulesError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .generate import generate_orders
+
+    started = time.perf_counter()
+    stats = generate_orders(
+        args.orders,
+        args.out,
+        seed=args.seed,
+        files=args.files,
+        timeout_ms=args.timeout,
+        mean_gap_ms=args.mean_gap_ms,
+    )
+    print(
+        f"wrote {stats.records:,} records ({stats.events_per_order():.2f} per order) for "
+        f"{stats.orders:,} orders to {args.out} in {stats.files} file(s) "
+        f"in {time.perf_counter() - started:.1f}s"
+    )
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .rules import RulesError, load_rules
+
+    try:
+        rules = load_rules(args.rules)
+    except RulesError as exc:
+        print(f"tickwheel pipeline run: {exc}", file=sys.stderr)
+        return 2
+    from .spark_job import create_session, resolve_inputs, run_job
+
+    try:
+        resolve_inputs(args.input, rules.input.format)
+    except FileNotFoundError as exc:
+        print(f"tickwheel pipeline run: {exc}", file=sys.stderr)
+        return 2
+
+    def say(message: str) -> None:
+        print(message, flush=True)
+
+    started = time.perf_counter()
+    say(f"[    0.0s] starting Spark ({args.master})")
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()
+    spark = create_session(args.master, shuffle_partitions=args.partitions or 4)
+    say(f"[{time.perf_counter() - started:7.1f}s] Spark {spark.version} is up")
+    try:
+        summary = run_job(
+            spark,
+            rules,
+            args.input,
+            args.output,
+            partitions=args.partitions,
+            output_format=args.format,
+            progress=say,
+        )
+    finally:
+        if existing is None:
+            spark.stop()
+    from .report import render_summary
+
+    print()
+    print(render_summary(summary), end="")
+    print(f"\noutputs in {args.output}: outcomes/ unmatched/ rejected/ buffered/ summary.json")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import load_summary, render_summary, write_plots
+
+    try:
+        summary = load_summary(args.output)
+    except FileNotFoundError as exc:
+        print(f"tickwheel pipeline report: {exc}", file=sys.stderr)
+        return 2
+    print(render_summary(summary), end="")
+    if not args.no_plots:
+        for path in write_plots(args.output, summary.get("format", "parquet")):
+            print(f"plot: {path}")
+    return 0
+
+
+def add_pipeline_parser(subparsers: Any) -> None:
+    """Add ``pipeline`` with its ``generate``, ``run`` and ``report`` commands to the CLI."""
+    pipeline = subparsers.add_parser(
+        "pipeline",
+        help="event-time delayed operations over keyed event streams, on Spark",
+        description="Generate order events, run the pipeline on Spark, report on its output.",
+    )
+    sub = pipeline.add_subparsers(dest="pipeline_command", required=True)
+
+    gen = sub.add_parser("generate", help="write realistic order events (JSON Lines)")
+    gen.add_argument("--orders", type=_int_at_least(0), required=True)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", required=True, help="output directory")
+    gen.add_argument("--files", type=_int_at_least(1), default=4, help="number of files")
+    gen.add_argument("--timeout", type=_duration, default=1_800_000, help="the rule's timeout")
+    gen.add_argument("--mean-gap-ms", type=_int_at_least(1), default=50,
+                     help="mean time between orders")  # fmt: skip
+    gen.set_defaults(func=_cmd_generate)
+
+    run = sub.add_parser("run", help="run the batch pipeline on Spark")
+    run.add_argument("--rules", required=True, help="rules TOML file")
+    run.add_argument("--input", required=True, help="input directory, glob or file")
+    run.add_argument("--output", required=True, help="output directory")
+    run.add_argument("--partitions", type=_int_at_least(1), default=None,
+                     help="key-hash partitions (default: Spark's default parallelism)")  # fmt: skip
+    run.add_argument("--master", default="local[2]", help="Spark master URL")
+    run.add_argument("--format", choices=("parquet", "csv", "json"), default="parquet")
+    run.set_defaults(func=_cmd_run)
+
+    from .stream import add_stream_arguments, run_stream_command
+
+    stream = sub.add_parser(
+        "stream", help="incremental, exactly-once run over a directory of arriving files"
+    )
+    add_stream_arguments(stream)
+    stream.set_defaults(func=run_stream_command)
+
+    report = sub.add_parser("report", help="print the summary and write PNG plots")
+    report.add_argument("output", help="a pipeline output directory")
+    report.add_argument("--no-plots", action="store_true")
+    report.set_defaults(func=_cmd_report)

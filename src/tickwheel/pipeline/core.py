@@ -1,0 +1,538 @@
+"""The event-time processor of one partition: events in, outcomes out.
+
+Pure Python: no Spark, no Arrow. :class:`PartitionProcessor` runs Kafka's
+purgatory (:class:`~tickwheel.DelayedOperationPurgatory`) in deterministic mode
+on an event-time clock: one :class:`~tickwheel.SystemTimer` with ``tick_ms=1``
+on a :class:`~tickwheel.ManualClock`, an inline executor and no reaper thread.
+
+For each event, in (event time, sequence, event id) order:
+
+1. the clock is set to the event's time and ``advance_clock(0)`` expires every
+   operation whose deadline is at or before it (so an event stamped exactly at a
+   deadline finds the operation already expired; with ``tick_ms=1`` the wheel
+   never fires a task before its expiration, so an event one millisecond before
+   the deadline still completes it);
+2. an ``open`` event opens an operation with ``try_complete_else_watch``;
+   a ``complete`` or ``cancel`` event resolves every pending operation of its
+   (rule, key) with ``check_and_complete``; one that finds none is *unmatched*.
+
+The processor's state between runs (pending operations, the keys whose last
+resolved operation expired, the buffered events above the watermark) is
+exported as plain :class:`StateRow` tuples and a processor can be built from
+them, so an incremental job can carry it from one batch to the next.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from .._clock import ManualClock
+from .._purgatory import DelayedOperation, DelayedOperationPurgatory
+from .._timer import SystemTimer
+from .rules import Rule, Rules
+
+__all__ = [
+    "AFTER_EXPIRY",
+    "CANCELLED",
+    "COMPLETED",
+    "EXPIRED",
+    "NO_OPERATION",
+    "PENDING",
+    "Event",
+    "EventTimeClock",
+    "OutcomeRow",
+    "PartitionProcessor",
+    "StateRow",
+    "UnmatchedRow",
+]
+
+COMPLETED = "completed"
+EXPIRED = "expired"
+CANCELLED = "cancelled"
+PENDING = "pending"
+AFTER_EXPIRY = "after_expiry"
+NO_OPERATION = "no_operation"
+
+_NO_LIMIT = 1 << 80  # above any event time: no watermark
+_ALWAYS_DUE: list[tuple[int, ...]] = [(-(1 << 80),)]
+
+STATE_PENDING = "pending"
+STATE_EXPIRED = "expired"
+STATE_BUFFERED = "buffered"
+
+
+class Event(NamedTuple):
+    """One deduplicated event of one rule, as the processor takes it.
+
+    ``kind`` is ``KIND_OPEN``, ``KIND_COMPLETE`` or ``KIND_CANCEL`` of the rule at
+    index ``rule``; ``event_type`` is the original type, kept for the outputs.
+    """
+
+    rule: int
+    key: str
+    time: int
+    seq: int
+    event_id: str
+    kind: int
+    event_type: str
+
+
+class OutcomeRow(NamedTuple):
+    """One operation's outcome: completed, expired, cancelled or pending."""
+
+    rule: str
+    key: str
+    op_id: str
+    opened_at: int
+    deadline: int
+    outcome: str
+    resolved_at: int | None
+    latency_ms: int | None
+    resolve_event_id: str | None
+
+
+class UnmatchedRow(NamedTuple):
+    """A complete or cancel event that found no pending operation, and why."""
+
+    rule: str
+    key: str
+    event_id: str
+    event_type: str
+    event_time: int
+    reason: str
+
+
+class StateRow(NamedTuple):
+    """One row of a processor's carried state.
+
+    * ``kind="pending"``: a pending operation (``event_id`` = op id,
+      ``time`` = opened_at, ``deadline``);
+    * ``kind="expired"``: the key's last resolved operation expired at ``time``
+      (needed for the ``after_expiry`` reason);
+    * ``kind="buffered"``: an event above the watermark, not applied yet
+      (``event_id``, ``time``, ``seq``, ``event_type``).
+    """
+
+    kind: str
+    rule: str
+    key: str
+    event_id: str | None
+    time: int
+    deadline: int | None
+    seq: int | None
+    event_type: str | None
+
+
+class EventTimeClock(ManualClock):
+    """A :class:`~tickwheel.ManualClock` for event time, moved by one thread only.
+
+    ``set`` skips the wake-ups of :class:`ManualClock` (no thread ever waits on
+    this clock: the timer runs without a reaper). Still refuses to go back. O(1).
+    """
+
+    __slots__ = ()
+
+    def set(self, ms: int) -> None:
+        """Move the clock to ``ms``; raise ValueError if it is earlier than now. O(1)."""
+        if ms < self._now_ms:
+            raise ValueError(
+                f"event-time clock cannot move backwards: now_ms={self._now_ms}, requested {ms}"
+            )
+        self._now_ms = ms
+
+
+class _Operation(DelayedOperation):
+    """A delayed operation of one (rule, key): completes on the key's next complete/cancel."""
+
+    __slots__ = ("_proc", "deadline", "key", "op_id", "opened_at", "resolution", "rule", "wkey")
+
+    def __init__(
+        self,
+        proc: PartitionProcessor,
+        rule: int,
+        key: str,
+        wkey: object,
+        op_id: str,
+        opened_at: int,
+        deadline: int,
+        delay_ms: int,
+        lock: threading.RLock,
+    ) -> None:
+        super().__init__(delay_ms, lock=lock)
+        self._proc = proc
+        self.rule = rule
+        self.key = key
+        self.wkey = wkey
+        self.op_id = op_id
+        self.opened_at = opened_at
+        self.deadline = deadline
+        self.resolution: tuple[str, int, str] | None = None
+
+    def try_complete(self) -> bool:
+        """Complete when the processor is applying a complete or cancel event of this key."""
+        resolving = self._proc._resolving
+        if resolving is None:
+            return False
+        self.resolution = resolving
+        return self.force_complete()
+
+    def on_complete(self) -> None:
+        """Record a completed or cancelled outcome (an expiry is recorded by on_expiration)."""
+        res = self.resolution
+        if res is not None:
+            outcome, at, event_id = res
+            self._proc._outcomes.append(
+                (
+                    self.rule,
+                    self.key,
+                    self.op_id,
+                    self.opened_at,
+                    self.deadline,
+                    outcome,
+                    at,
+                    event_id,
+                )
+            )
+            self._proc._last_expired.pop(self.wkey, None)
+        self._proc._live.discard(self)
+
+    def on_expiration(self) -> None:
+        """Record an expired outcome with ``resolved_at`` = deadline."""
+        deadline = self.deadline
+        proc = self._proc
+        proc._outcomes.append(
+            (self.rule, self.key, self.op_id, self.opened_at, deadline, EXPIRED, deadline, None)
+        )
+        proc._last_expired[self.wkey] = (self.rule, self.key, deadline)
+
+
+class PartitionProcessor:
+    """Applies one partition's events to a purgatory on an event-time clock.
+
+    ``rules`` is a :class:`~tickwheel.pipeline.rules.Rules` or a sequence of
+    :class:`Rule`; events name their rule by index into it. ``state`` rows (from
+    :meth:`export_state`) restore pending operations, expiries and buffered
+    events; ``start_ms`` is where the clock starts (default: the first event's
+    time, or the earliest restored time). Each event costs O(1) amortised plus
+    the operations it resolves.
+    """
+
+    def __init__(
+        self,
+        rules: Rules | Sequence[Rule],
+        allowed_lateness_ms: int = 0,
+        state: Iterable[StateRow] | None = None,
+        start_ms: int | None = None,
+        wheel_size: int = 64,
+    ) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules.rules if isinstance(rules, Rules) else rules)
+        if not self.rules:
+            raise ValueError("PartitionProcessor needs at least one rule")
+        if type(allowed_lateness_ms) is not int or allowed_lateness_ms < 0:
+            raise ValueError(
+                f"allowed_lateness_ms must be an int >= 0, got {allowed_lateness_ms!r}"
+            )
+        self.allowed_lateness_ms = allowed_lateness_ms
+        self._names = tuple(rule.name for rule in self.rules)
+        self._rule_index = {name: i for i, name in enumerate(self._names)}
+        self._timeouts = tuple(rule.timeout_ms for rule in self.rules)
+        self._single = len(self.rules) == 1
+        self._wheel_size = wheel_size
+        self._lock = threading.RLock()
+        self._resolving: tuple[str, int, str] | None = None
+        self._outcomes: list[tuple[int, str, str, int, int, str, int | None, str | None]] = []
+        self._unmatched: list[tuple[int, str, str, str, int, str]] = []
+        self._last_expired: dict[object, tuple[int, str, int]] = {}
+        self._buffered: list[Event] = []
+        self._clock: EventTimeClock | None = None
+        self._timer: SystemTimer | None = None
+        self._purgatory: DelayedOperationPurgatory[_Operation] | None = None
+        self._live: set[_Operation] = set()
+        self.max_event_time: int | None = None
+        self.events_applied = 0
+        self.events_buffered = 0
+        if start_ms is not None:
+            self._start(start_ms)
+        if state is not None:
+            self._restore(list(state))
+
+    # -- set-up ---------------------------------------------------------------
+
+    def _start(self, start_ms: int) -> None:
+        if type(start_ms) is not int:
+            raise TypeError(f"start_ms must be an int of milliseconds, got {start_ms!r}")
+        self._clock = EventTimeClock(start_ms)
+        self._timer = SystemTimer(
+            name="pipeline",
+            tick_ms=1,
+            wheel_size=self._wheel_size,
+            clock=self._clock,
+            executor="inline",
+        )
+        self._purgatory = DelayedOperationPurgatory(
+            "pipeline", timer=self._timer, purge_interval=10_000, reaper_enabled=False
+        )
+
+    def _wkey(self, rule: int, key: str) -> object:
+        return key if self._single else (rule, key)
+
+    def _restore(self, rows: list[StateRow]) -> None:
+        if self._clock is None:
+            times = [row.time for row in rows]
+            if not times:
+                return
+            self._start(min(times))
+        index = self._rule_index
+        buffered: list[Event] = []
+        for row in rows:
+            rule = index.get(row.rule)
+            if rule is None:
+                raise ValueError(f"state row names rule {row.rule!r}, not among {self._names}")
+            if row.kind == STATE_PENDING:
+                if row.event_id is None or row.deadline is None:
+                    raise ValueError(f"pending state row needs event_id and deadline: {row!r}")
+                self._open(rule, row.key, row.event_id, row.time, row.deadline)
+            elif row.kind == STATE_EXPIRED:
+                wkey = self._wkey(rule, row.key)
+                self._last_expired[wkey] = (rule, row.key, row.time)
+            elif row.kind == STATE_BUFFERED:
+                if row.event_id is None or row.event_type is None:
+                    raise ValueError(f"buffered state row needs event_id and event_type: {row!r}")
+                kind = self.rules[rule].kind_of(row.event_type)
+                if kind is None:
+                    raise ValueError(
+                        f"buffered event type {row.event_type!r} not in rule {row.rule!r}"
+                    )
+                buffered.append(
+                    Event(rule, row.key, row.time, row.seq or 0, row.event_id, kind, row.event_type)
+                )
+            else:
+                raise ValueError(f"unknown state row kind {row.kind!r}")
+        buffered.sort(key=lambda e: (e.time, e.seq, e.event_id, e.rule))
+        self._buffered = buffered
+
+    def _open(self, rule: int, key: str, op_id: str, opened_at: int, deadline: int) -> None:
+        assert self._clock is not None and self._purgatory is not None
+        wkey = self._wkey(rule, key)
+        op = _Operation(
+            self,
+            rule,
+            key,
+            wkey,
+            op_id,
+            opened_at,
+            deadline,
+            deadline - self._clock._now_ms,
+            self._lock,
+        )
+        self._live.add(op)
+        self._purgatory.try_complete_else_watch(op, (wkey,))
+
+    # -- running ----------------------------------------------------------------
+
+    def process(
+        self,
+        events: Iterable[Event | tuple[int, str, int, int, str, int, str]],
+        watermark_ms: int | None = None,
+    ) -> None:
+        """Apply ``events`` (sorted by time, sequence, id) up to ``watermark_ms``.
+
+        Events with a time above the watermark are buffered, not applied; see
+        :meth:`buffered_events`. With ``watermark_ms=None`` every event is applied.
+        Raises ValueError for an event older than the clock (out of order, or
+        older than a previous watermark). O(events + resolved operations).
+        """
+        it = iter(events)
+        first = next(it, None)
+        if first is None:
+            return
+        if self._clock is None:
+            self._start(first[2])
+        clock = self._clock
+        timer = self._timer
+        purgatory = self._purgatory
+        assert clock is not None and timer is not None and purgatory is not None
+        advance = purgatory.advance_clock
+        # The timer's delay queue (a heap of buckets by expiration): its head says
+        # whether any bucket is due. Without it, advance on every new time.
+        heap = getattr(getattr(timer, "_queue", None), "_heap", None)
+        if heap is None:
+            heap = _ALWAYS_DUE
+        check_and_complete = purgatory.check_and_complete
+        try_complete_else_watch = purgatory.try_complete_else_watch
+        unmatched = self._unmatched
+        last_expired = self._last_expired
+        timeouts = self._timeouts
+        single = self._single
+        lock = self._lock
+        live_add = self._live.add
+        limit = _NO_LIMIT if watermark_ms is None else watermark_ms
+        now = clock._now_ms
+        applied = 0
+        max_time = self.max_event_time
+        event: Event | tuple[int, str, int, int, str, int, str] | None = first
+        while event is not None:
+            rule, key, time, _seq, event_id, kind, event_type = event
+            if time > limit:
+                rest = [Event(*event), *(Event(*e) for e in it)]
+                self._buffered.extend(rest)
+                self.events_buffered += len(rest)
+                top = max(e[2] for e in rest)
+                if max_time is None or top > max_time:
+                    max_time = top
+                break
+            if time != now:
+                if time < now:
+                    raise ValueError(
+                        f"event {event_id!r} at {time} is older than the clock ({now}): "
+                        "events must come in time order and not below a previous watermark"
+                    )
+                clock._now_ms = now = time
+                # The head of the timer's delay queue is its earliest bucket: only
+                # when that is due can advance_clock do anything.
+                if heap and heap[0][0] <= time:
+                    advance(0)
+            wkey = key if single else (rule, key)
+            if kind == 0:
+                timeout = timeouts[rule]
+                op = _Operation(
+                    self, rule, key, wkey, event_id, time, time + timeout, timeout, lock
+                )
+                live_add(op)
+                try_complete_else_watch(op, (wkey,))
+            else:
+                self._resolving = (COMPLETED if kind == 1 else CANCELLED, time, event_id)
+                done = check_and_complete(wkey)
+                self._resolving = None
+                if not done:
+                    unmatched.append(
+                        (rule, key, event_id, event_type, time,
+                         AFTER_EXPIRY if wkey in last_expired else NO_OPERATION)
+                    )  # fmt: skip
+            applied += 1
+            event = next(it, None)
+        self.events_applied += applied
+        if applied and (max_time is None or now > max_time):
+            max_time = now
+        self.max_event_time = max_time
+
+    def advance_to(self, time_ms: int) -> None:
+        """Move the clock to ``time_ms`` and expire every operation due by then. O(expired)."""
+        if self._clock is None:
+            self._start(time_ms)
+            return
+        if time_ms > self._clock._now_ms:
+            self._clock.set(time_ms)
+            assert self._purgatory is not None
+            self._purgatory.advance_clock(0)
+
+    def finish(self, watermark_ms: int | None = None) -> None:
+        """End a run: advance the clock to the watermark (default: max event time − lateness)."""
+        if watermark_ms is None:
+            if self.max_event_time is None:
+                return
+            watermark_ms = self.max_event_time - self.allowed_lateness_ms
+        if self._clock is None or watermark_ms > self._clock._now_ms:
+            self.advance_to(watermark_ms)
+
+    # -- results ------------------------------------------------------------------
+
+    @property
+    def now_ms(self) -> int | None:
+        """The event-time clock, or None before the first event. O(1)."""
+        return None if self._clock is None else self._clock._now_ms
+
+    def take_outcomes(self) -> list[tuple[int, str, str, int, int, str, int | None, str | None]]:
+        """Return and clear the resolved outcomes as raw tuples.
+
+        ``(rule index, key, op_id, opened_at, deadline, outcome, resolved_at,
+        resolve_event_id)``; latency is ``resolved_at - opened_at``. O(1).
+        """
+        out = self._outcomes
+        self._outcomes = []
+        return out
+
+    def take_unmatched(self) -> list[tuple[int, str, str, str, int, str]]:
+        """Return and clear unmatched events: ``(rule index, key, id, type, time, reason)``."""
+        out = self._unmatched
+        self._unmatched = []
+        return out
+
+    def pending_operations(self) -> list[tuple[int, str, str, int, int]]:
+        """``(rule index, key, op_id, opened_at, deadline)`` of each pending op, sorted."""
+        return sorted(
+            (op.rule, op.key, op.op_id, op.opened_at, op.deadline)
+            for op in self._live
+            if not op.is_completed
+        )
+
+    @property
+    def num_pending(self) -> int:
+        """Number of pending operations. O(1)."""
+        return len(self._live)
+
+    def buffered_events(self) -> list[Event]:
+        """A copy of the events above the watermark, not applied, in order. O(n)."""
+        return list(self._buffered)
+
+    def take_buffered(self) -> list[Event]:
+        """Return and clear the buffered events, to apply them (merged with newer ones). O(1)."""
+        out = self._buffered
+        self._buffered = []
+        return out
+
+    def outcome_rows(self) -> list[OutcomeRow]:
+        """Take the resolved outcomes as :class:`OutcomeRow` (named rules, latency). O(n)."""
+        names = self._names
+        return [
+            OutcomeRow(names[r], k, op, o, d, out, at, None if at is None else at - o, ev)
+            for r, k, op, o, d, out, at, ev in self.take_outcomes()
+        ]
+
+    def pending_rows(self) -> list[OutcomeRow]:
+        """An outcome row ``pending`` for every pending operation (not cleared). O(n log n)."""
+        names = self._names
+        return [
+            OutcomeRow(names[r], k, op, o, d, PENDING, None, None, None)
+            for r, k, op, o, d in self.pending_operations()
+        ]
+
+    def unmatched_rows(self) -> list[UnmatchedRow]:
+        """Take the unmatched events as :class:`UnmatchedRow`. O(n)."""
+        names = self._names
+        return [
+            UnmatchedRow(names[r], k, ev, ty, t, why)
+            for r, k, ev, ty, t, why in self.take_unmatched()
+        ]
+
+    def export_state(self) -> list[StateRow]:
+        """The carried state as plain rows: pending ops, expiries, buffered events. O(n log n)."""
+        names = self._names
+        rows = [
+            StateRow(STATE_PENDING, names[r], k, op, o, d, None, None)
+            for r, k, op, o, d in self.pending_operations()
+        ]
+        rows.extend(
+            StateRow(STATE_EXPIRED, names[r], k, None, at, None, None, None)
+            for r, k, at in sorted(self._last_expired.values())
+        )
+        rows.extend(
+            StateRow(
+                STATE_BUFFERED, names[e.rule], e.key, e.event_id, e.time, None, e.seq, e.event_type
+            )
+            for e in self._buffered
+        )
+        return rows
+
+    def close(self) -> None:
+        """Release the purgatory and its timer; pending operations are left as they are."""
+        if self._purgatory is not None:
+            self._purgatory.shutdown()
+
+    def __enter__(self) -> PartitionProcessor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

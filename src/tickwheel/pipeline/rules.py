@@ -1,0 +1,270 @@
+"""Rules: which events open, complete and cancel which delayed operations.
+
+A rules file is TOML (read with :mod:`tomllib`)::
+
+    [input]                      # field names of the input records (all optional)
+    key = "order_id"             # default key field of the rules
+    type = "type"                # event type
+    time = "ts"                  # event time: epoch ms or ISO-8601 with an offset
+    id = "event_id"              # event id (deduplication)
+    sequence = "seq"             # optional tie-breaker at equal times
+    format = "json"              # json (JSON Lines), csv or parquet
+    allowed_lateness = "0"       # the watermark is max event time minus this
+
+    [rules.payment]
+    key = "order_id"             # optional: defaults to [input].key
+    open = ["created"]
+    complete = ["paid"]
+    cancel = ["cancelled"]       # optional
+    timeout = "30m"              # "30m", "45s", "2h", "1d", "250ms" or an int of ms
+
+Every problem is reported as a :class:`RulesError` that names the rule and the
+field at fault.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "InputConfig",
+    "Rule",
+    "Rules",
+    "RulesError",
+    "load_rules",
+    "parse_duration",
+    "parse_rules",
+]
+
+KIND_OPEN = 0
+KIND_COMPLETE = 1
+KIND_CANCEL = 2
+KIND_NAMES = ("open", "complete", "cancel")
+
+FORMATS = ("json", "csv", "parquet")
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+class RulesError(ValueError):
+    """A rules file, or a rule in it, is invalid; the message says where and why."""
+
+
+def parse_duration(value: object, what: str = "duration") -> int:
+    """Return ``value`` in milliseconds: an int of ms, or "250ms", "45s", "30m", "2h", "1d".
+
+    A bare number in a string ("1500") is milliseconds. Raises :class:`RulesError`
+    naming ``what`` for anything else, including negative or fractional values. O(1).
+    """
+    if isinstance(value, bool):
+        raise RulesError(f"{what}: expected a duration like '30m', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise RulesError(f"{what}: must not be negative, got {value}")
+        return value
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is not None:
+            return int(match.group(1)) * _UNITS_MS[match.group(2) or "ms"]
+    raise RulesError(
+        f"{what}: expected an int of milliseconds or a string like '250ms', '45s', "
+        f"'30m', '2h' or '1d', got {value!r}"
+    )
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    """Field names and format of the input records, and the allowed lateness."""
+
+    key: str = "key"
+    type: str = "type"
+    time: str = "time"
+    id: str = "event_id"
+    sequence: str | None = None
+    format: str = "json"
+    allowed_lateness_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One named rule: events of ``open`` types open an operation that times out."""
+
+    name: str
+    key: str
+    open: tuple[str, ...]
+    complete: tuple[str, ...]
+    cancel: tuple[str, ...]
+    timeout_ms: int
+
+    def kind_of(self, event_type: str) -> int | None:
+        """KIND_OPEN, KIND_COMPLETE, KIND_CANCEL, or None if the rule ignores the type. O(types)."""
+        if event_type in self.open:
+            return KIND_OPEN
+        if event_type in self.complete:
+            return KIND_COMPLETE
+        if event_type in self.cancel:
+            return KIND_CANCEL
+        return None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The rules of one job, in file order, with the input configuration."""
+
+    rules: tuple[Rule, ...]
+    input: InputConfig = field(default_factory=InputConfig)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Rule names in order. O(rules)."""
+        return tuple(rule.name for rule in self.rules)
+
+    @property
+    def key_fields(self) -> tuple[str, ...]:
+        """The distinct key fields used by the rules, in first-use order. O(rules)."""
+        seen: dict[str, None] = {}
+        for rule in self.rules:
+            seen.setdefault(rule.key, None)
+        return tuple(seen)
+
+    @property
+    def event_types(self) -> tuple[str, ...]:
+        """Every event type some rule uses, sorted. O(types)."""
+        types: set[str] = set()
+        for rule in self.rules:
+            types.update(rule.open, rule.complete, rule.cancel)
+        return tuple(sorted(types))
+
+    @property
+    def timeouts_ms(self) -> tuple[int, ...]:
+        """Timeout of each rule, by rule index. O(rules)."""
+        return tuple(rule.timeout_ms for rule in self.rules)
+
+
+def _str_list(value: object, what: str, required: bool) -> tuple[str, ...]:
+    if value is None:
+        if required:
+            raise RulesError(f"{what}: missing; give a list of event types")
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise RulesError(f"{what}: expected a list of non-empty strings, got {value!r}")
+    if required and not value:
+        raise RulesError(f"{what}: needs at least one event type")
+    if len(set(value)) != len(value):
+        raise RulesError(f"{what}: lists an event type twice: {value!r}")
+    return tuple(value)
+
+
+def _field_name(value: object, what: str) -> str:
+    if not isinstance(value, str) or not _FIELD_NAME.match(value):
+        raise RulesError(f"{what}: expected a field name (letters, digits, _ . -), got {value!r}")
+    return value
+
+
+def _parse_input(table: object) -> InputConfig:
+    if table is None:
+        return InputConfig()
+    if not isinstance(table, Mapping):
+        raise RulesError(f"[input]: expected a table, got {table!r}")
+    known = {"key", "type", "time", "id", "sequence", "format", "allowed_lateness"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise RulesError(f"[input]: unknown setting(s) {unknown}; known: {sorted(known)}")
+    default = InputConfig()
+    names = {
+        name: _field_name(table[name], f"[input].{name}")
+        if name in table
+        else getattr(default, name)
+        for name in ("key", "type", "time", "id")
+    }
+    sequence = table.get("sequence")
+    if sequence is not None:
+        sequence = _field_name(sequence, "[input].sequence")
+    fmt = table.get("format", "json")
+    if fmt not in FORMATS:
+        raise RulesError(f"[input].format: expected one of {FORMATS}, got {fmt!r}")
+    used = [names["type"], names["time"], names["id"], *([sequence] if sequence else [])]
+    if len(set(used)) != len(used):
+        raise RulesError(f"[input]: type, time, id and sequence must be distinct fields: {used}")
+    lateness = parse_duration(table.get("allowed_lateness", 0), "[input].allowed_lateness")
+    return InputConfig(
+        key=names["key"],
+        type=names["type"],
+        time=names["time"],
+        id=names["id"],
+        sequence=sequence,
+        format=fmt,
+        allowed_lateness_ms=lateness,
+    )
+
+
+def _parse_rule(name: str, table: object, config: InputConfig) -> Rule:
+    where = f"rule {name!r}"
+    if not isinstance(table, Mapping):
+        raise RulesError(f"{where}: expected a table, got {table!r}")
+    known = {"key", "open", "complete", "cancel", "timeout"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise RulesError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
+    key = _field_name(table.get("key", config.key), f"{where}.key")
+    if key in (config.type, config.time, config.id, config.sequence):
+        raise RulesError(f"{where}.key: {key!r} is already the type, time, id or sequence field")
+    open_ = _str_list(table.get("open"), f"{where}.open", required=True)
+    complete = _str_list(table.get("complete"), f"{where}.complete", required=True)
+    cancel = _str_list(table.get("cancel"), f"{where}.cancel", required=False)
+    for a_name, a, b_name, b in (
+        ("open", open_, "complete", complete),
+        ("open", open_, "cancel", cancel),
+        ("complete", complete, "cancel", cancel),
+    ):
+        both = sorted(set(a) & set(b))
+        if both:
+            raise RulesError(f"{where}: event type(s) {both} are both {a_name} and {b_name}")
+    if "timeout" not in table:
+        raise RulesError(f"{where}.timeout: missing; give a duration like '30m'")
+    timeout = parse_duration(table["timeout"], f"{where}.timeout")
+    if timeout <= 0:
+        raise RulesError(f"{where}.timeout: must be positive, got {table['timeout']!r}")
+    return Rule(name, key, open_, complete, cancel, timeout)
+
+
+def parse_rules(data: Mapping[str, Any]) -> Rules:
+    """Build :class:`Rules` from a parsed TOML document; raise :class:`RulesError` if invalid."""
+    unknown = sorted(set(data) - {"input", "rules"})
+    if unknown:
+        raise RulesError(f"unknown top-level table(s) {unknown}; expected [input] and [rules.NAME]")
+    config = _parse_input(data.get("input"))
+    tables = data.get("rules")
+    if not isinstance(tables, Mapping) or not tables:
+        raise RulesError("no rules: add at least one [rules.NAME] table")
+    rules = []
+    for name, table in tables.items():
+        if not re.match(r"^[A-Za-z0-9_.-]+$", name):
+            raise RulesError(f"rule name {name!r}: use letters, digits, _ . -")
+        rules.append(_parse_rule(name, table, config))
+    return Rules(tuple(rules), config)
+
+
+def load_rules(path: str | Path) -> Rules:
+    """Read and validate a rules TOML file; errors name the file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise RulesError(f"{path}: no such rules file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RulesError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_rules(data)
+    except RulesError as exc:
+        raise RulesError(f"{path}: {exc}") from None
