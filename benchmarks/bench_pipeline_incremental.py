@@ -1,0 +1,316 @@
+"""Incremental pipeline: N orders as K increments vs one batch run vs applyInPandasWithState.
+
+Measured in one process, on one SparkSession (``local[2]``):
+
+(a) the batch job (``tickwheel pipeline run``) over all the data;
+(b) the incremental job (``tickwheel pipeline stream``), the same data fed as K
+    increments, one micro-batch each, state carried across them; its final
+    outcomes are checked equal to (a)'s first;
+(c) Spark's ``applyInPandasWithState`` with ``EventTimeTimeout`` over the same
+    increments (at a smaller N: it runs at about a thousand events/s), next to
+    (b) at that N.
+
+Also measures the carried state's size per pending operation: in the driver's
+Python heap (tracemalloc over a processor holding only pending operations) and
+on disk (the checkpoint's Parquet state).
+
+Run: ``.venv/bin/python benchmarks/bench_pipeline_incremental.py`` (defaults:
+1e6 orders as 10 increments; applyInPandasWithState at 1e5). Seconds exclude
+the SparkSession start and the data generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rules(path: Path) -> Path:
+    text = (ROOT / "examples" / "orders.toml").read_text(encoding="utf-8")
+    path.write_text(text.replace('allowed_lateness = "0"', 'allowed_lateness = "3m"'))
+    return path
+
+
+def _feed(files: list[Path], dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for i, src in enumerate(files):
+        target = dest / src.name
+        shutil.copy(src, target)
+        os.utime(target, (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+def _records(files: list[Path]) -> int:
+    n = 0
+    for f in files:
+        with f.open("rb") as fh:
+            n += sum(1 for line in fh if line.strip())
+    return n
+
+
+def _incremental(spark: Any, rules: Path, inp: Path, work: Path, partitions: int) -> Any:
+    from tickwheel.pipeline.stream import StreamConfig, StreamJob, read_stream_outputs
+
+    cfg = StreamConfig(
+        rules_path=str(rules),
+        input=str(inp),
+        output=str(work / "out"),
+        checkpoint=str(work / "ck"),
+        trigger="available-now",
+        max_files_per_trigger=1,
+        partitions=partitions,
+        quiet=True,
+    )
+    started = time.perf_counter()
+    with StreamJob(cfg, spark=spark) as job:
+        summary = job.run()
+        seconds = time.perf_counter() - started
+        assert job.sink is not None
+        outs = read_stream_outputs(spark, job.sink, str(work / "ck"))
+    return seconds, summary, outs
+
+
+def _apply_in_pandas_with_state(spark: Any, inp: Path, work: Path, timeout_ms: int) -> float:
+    """The one-open/one-complete rule with applyInPandasWithState, as a stream."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    schema = "event_id string, order_id string, type string, ts string, seq long"
+    src = (
+        spark.readStream.schema(schema)
+        .option("maxFilesPerTrigger", "1")
+        .option("mode", "DROPMALFORMED")
+        .json(str(inp))
+    )
+    from tickwheel.pipeline.events import ISO_PATTERN
+
+    ms = (
+        F.when(F.col("ts").rlike(r"^-?[0-9]+$"), F.col("ts").try_cast("long"))
+        .when(F.col("ts").rlike(ISO_PATTERN), F.unix_millis(F.col("ts").try_cast("timestamp")))
+        .alias("ms")
+    )
+    events = (
+        src.select("event_id", "order_id", "type", "seq", ms)
+        .where(F.col("ms").isNotNull() & F.col("order_id").isNotNull())
+        .withColumn("event_time", F.timestamp_millis("ms"))
+        .withWatermark("event_time", "3 minutes")
+        .dropDuplicatesWithinWatermark(["event_id"])
+    )
+
+    def step(key: Any, pdfs: Any, state: Any) -> Any:
+        out = []
+        if state.hasTimedOut:
+            if state.exists:  # a removed state can still carry its old timeout
+                (opened,) = state.get
+                out.append((key[0], "expired", opened, opened + timeout_ms))
+                state.remove()
+        else:
+            for pdf in pdfs:
+                for row in pdf.sort_values(["ms", "seq"]).itertuples(index=False):
+                    if row.type == "created":
+                        deadline = int(row.ms) + timeout_ms
+                        if deadline <= state.getCurrentWatermarkMs():  # due already
+                            out.append((key[0], "expired", int(row.ms), deadline))
+                            continue
+                        state.update((int(row.ms),))
+                        state.setTimeoutTimestamp(deadline)
+                    elif state.exists:
+                        (opened,) = state.get
+                        if row.type in ("paid", "cancelled") and row.ms < opened + timeout_ms:
+                            outcome = "completed" if row.type == "paid" else "cancelled"
+                            out.append((key[0], outcome, opened, int(row.ms)))
+                            state.remove()
+        yield pd.DataFrame(out, columns=["order_id", "outcome", "opened_at", "resolved_at"])
+
+    query = (
+        events.groupBy("order_id")
+        .applyInPandasWithState(
+            step,
+            "order_id string, outcome string, opened_at long, resolved_at long",
+            "opened long",
+            "append",
+            GroupStateTimeout.EventTimeTimeout,
+        )
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(work / "aip-ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    started = time.perf_counter()
+    query.awaitTermination()
+    return time.perf_counter() - started
+
+
+def _state_bytes_per_pending(n: int = 100_000) -> float:
+    """Python heap bytes per pending operation in a processor (tracemalloc)."""
+    from tickwheel.pipeline.core import Event, PartitionProcessor
+    from tickwheel.pipeline.rules import Rule
+
+    rule = Rule("payment", "order_id", ("created",), ("paid",), ("cancelled",), 1_800_000)
+    events = [Event(0, f"o{i:08d}", 1_000 + i, 0, f"e{i:09d}", 0, "created") for i in range(n)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    proc = PartitionProcessor([rule])
+    proc.process(events)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert len(proc.pending_operations()) == n
+    proc.close()
+    return (after - before) / n
+
+
+def _parquet_bytes_per_pending(n: int = 100_000) -> float:
+    """Bytes per pending operation of the checkpoint's ``ops`` state, as Parquet (snappy).
+
+    The rows are those the stream writes for pending operations (kind, rule,
+    key, op id, opened_at, deadline), for ``n`` generated orders' creations.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t0 = 1_704_067_200_000
+    table = pa.table(
+        {
+            "kind": ["pending"] * n,
+            "rule": ["payment"] * n,
+            "key": [f"o{i:08d}" for i in range(n)],
+            "event_id": [f"e{2 * i:09d}" for i in range(n)],
+            "time": [t0 + 50 * i for i in range(n)],
+            "deadline": [t0 + 50 * i + 1_800_000 for i in range(n)],
+        }
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ops.parquet")
+        pq.write_table(table, path, compression="snappy")
+        return os.path.getsize(path) / n
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*.parquet"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--orders", type=float, default=1e6, help="0: skip batch vs incremental")
+    parser.add_argument("--increments", type=int, default=10)
+    parser.add_argument("--aip-orders", type=float, default=1e5)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--skip-aip", action="store_true")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from tickwheel.pipeline.generate import generate_orders
+    from tickwheel.pipeline.rules import load_rules
+    from tickwheel.pipeline.spark_job import create_session, run_job
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-inc-"))
+    rules_path = _rules(work / "rules.toml")
+    rules = load_rules(rules_path)
+    spark = create_session("local[2]", shuffle_partitions=args.partitions)
+    from pyspark.sql import functions as F
+
+    print(f"python {sys.version.split()[0]}, spark {spark.version}, local[2], work {work}")
+    table: list[tuple[str, int, float, int]] = []
+
+    def measured(name: str, recs: int, secs: float, orders: int) -> None:
+        table.append((name, recs, secs, orders))
+        print(f"measured: {name}: {orders:,} orders, {recs:,} records, {secs:.1f}s", flush=True)
+
+    cols = [
+        "rule", "key", "op_id", "opened_at", "deadline", "outcome", "resolved_at",
+        "latency_ms", "resolve_event_id",
+    ]  # fmt: skip
+
+    def workload(n: int, tag: str) -> tuple[list[Path], int]:
+        gen = work / f"gen-{tag}"
+        generate_orders(n, gen, seed=1, files=args.increments)
+        files = sorted(gen.glob("part-*.jsonl"))
+        return files, _records(files)
+
+    # (a) batch and (b) incremental at N
+    n = int(args.orders)
+    state_line = None
+    if n > 0:
+        files, records = workload(n, "big")
+        started = time.perf_counter()
+        run_job(
+            spark, rules, str(work / "gen-big"), str(work / "batch-big"), partitions=args.partitions
+        )
+        batch_s = time.perf_counter() - started
+        measured("batch job, 1 run", records, batch_s, n)
+        _feed(files, work / "in-big")
+        inc_s, _summary, outs = _incremental(
+            spark, rules_path, work / "in-big", work / "inc-big", args.partitions
+        )
+        measured(f"incremental, {args.increments} increments", records, inc_s, n)
+        batch_outcomes = spark.read.parquet(str(work / "batch-big" / "outcomes")).select(*cols)
+        inc_outcomes = outs["outcomes"].select(*cols)
+        diff = (
+            batch_outcomes.exceptAll(inc_outcomes).count()
+            + inc_outcomes.exceptAll(batch_outcomes).count()
+        )
+        if diff:
+            print(f"MISMATCH: {diff} outcome rows differ between batch and incremental")
+            return 1
+        print(f"checked: incremental outcomes == batch outcomes ({batch_outcomes.count():,} rows)")
+        ck_state = work / "inc-big" / "ck" / "tickwheel" / "state"
+        last = sorted(ck_state.iterdir(), key=lambda p: int(p.name))[-1]
+        pending = spark.read.parquet(str(last / "ops")).where(F.col("kind") == "pending").count()
+        ops_bytes = _dir_bytes(last / "ops")
+        ops_rows = spark.read.parquet(str(last / "ops")).count()
+        state_line = (
+            f"state: {pending:,} pending ops at the end; ops state {ops_rows:,} rows, "
+            f"{ops_bytes:,} B Parquet ({ops_bytes / max(ops_rows, 1):.1f} B/row)"
+        )
+
+    # (c) applyInPandasWithState vs incremental at the smaller N
+    aip_n = int(args.aip_orders)
+    if not args.skip_aip:
+        files_s, records_s = workload(aip_n, "small")
+        _feed(files_s, work / "in-small")
+        inc_small_s, _, _ = _incremental(
+            spark, rules_path, work / "in-small", work / "inc-small", args.partitions
+        )
+        measured(f"incremental, {args.increments} increments", records_s, inc_small_s, aip_n)
+        aip_s = _apply_in_pandas_with_state(
+            spark, work / "in-small", work, rules.rules[0].timeout_ms
+        )
+        measured("applyInPandasWithState", records_s, aip_s, aip_n)
+
+    per_pending = _state_bytes_per_pending()
+    print()
+    print(f"{'run':44} {'orders':>10} {'records':>10} {'seconds':>9} {'events/s':>10}")
+    for name, recs, secs, orders in table:
+        print(f"{name:44} {orders:>10,} {recs:>10,} {secs:>9.1f} {recs / secs:>10,.0f}")
+    print()
+    if n > 0:
+        print(f"incremental / batch time at {n:,}: {inc_s / batch_s:.2f}x (target <= 2x)")
+        print(state_line)
+    if not args.skip_aip:
+        print(
+            f"incremental vs applyInPandasWithState at {aip_n:,}: "
+            f"{aip_s / inc_small_s:.1f}x faster (target >= 50x)"
+        )
+    print(f"driver heap: {per_pending:.0f} B per pending operation (tracemalloc, 100k ops)")
+    print(
+        f"checkpoint: {_parquet_bytes_per_pending():.1f} B per pending operation "
+        "(ops state as Parquet, snappy, 100k ops)"
+    )
+    spark.stop()
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,730 @@
+"""Output sinks for the incremental pipeline: one interface, idempotent per batch id.
+
+Every sink stores the tables of one micro-batch (``outcomes``, ``unmatched``,
+``rejected``, ``late``) under that batch's id, in two steps:
+
+``stage(batch_id, tables)``
+    writes the rows where no reader looks (a staging directory or staging tables).
+    Staging again replaces what an earlier, crashed attempt staged.
+``commit(batch_id)``
+    makes the staged rows visible, exactly once. A batch id that is already
+    committed is a no-op, so a micro-batch replayed after a crash never adds a
+    second copy of its rows.
+
+Sinks:
+
+* :class:`ParquetSink` (default, embedded): ``OUT/<table>/batch_id=N/part-*.parquet``.
+  Staged under ``OUT/_staging/N/``; the commit renames each table directory into
+  place (replacing a half-committed copy) and then writes ``OUT/_batches/N.json``.
+* :class:`SqliteSink`: Spark JDBC with Debian's xerial jar into staging tables,
+  then one SQLite transaction copies them into the real tables and inserts the
+  ``tickwheel_batches`` row.
+* :class:`PostgresSink`: Spark JDBC with Debian's pgjdbc jar into staging tables,
+  then ONE PostgreSQL transaction (through the JDBC driver in the Spark driver's
+  JVM) checks ``tickwheel_batches``, copies the batch's rows into the real tables
+  and inserts the ``tickwheel_batches(batch_id, ...)`` row: results and offsets in
+  one transaction, so a replayed batch is a no-op.
+
+Spark's JDBC writer cannot create tables in SQLite, and reads SQLite's BIGINT
+back as a decimal; the JDBC sinks therefore create every table themselves from
+the DataFrame's schema and read back with an explicit ``customSchema``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = [
+    "BATCH_ID",
+    "BatchSink",
+    "ParquetSink",
+    "PostgresSink",
+    "SinkError",
+    "SqliteSink",
+    "jdbc_jars",
+    "make_sink",
+    "spark_jdbc_conf",
+]
+
+#: The column every sink adds to every table: the micro-batch id.
+BATCH_ID = "batch_id"
+
+_JAR_DIR = "/usr/share/java"
+_SQLITE_JARS = ("sqlite-jdbc.jar", "xerial-sqlite-jdbc.jar")
+_POSTGRES_JARS = ("postgresql.jar",)
+_JNI_DIRS = ("/usr/lib/x86_64-linux-gnu/jni", "/usr/lib/aarch64-linux-gnu/jni", "/usr/lib/jni")
+
+
+class SinkError(RuntimeError):
+    """A sink cannot be used (missing driver jar, bad URL, unreachable database)."""
+
+
+def _find_jar(names: Sequence[str], package: str) -> str | None:
+    for name in names:
+        path = os.path.join(_JAR_DIR, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def jdbc_jars() -> list[str]:
+    """Return the Debian JDBC driver jars that are installed (SQLite, PostgreSQL). O(1)."""
+    jars = []
+    for names, package in (
+        (_SQLITE_JARS, "libxerial-sqlite-jdbc-java"),
+        (_POSTGRES_JARS, "libpostgresql-jdbc-java"),
+    ):
+        jar = _find_jar(names, package)
+        if jar is not None:
+            jars.append(jar)
+    return jars
+
+
+def spark_jdbc_conf() -> dict[str, str]:
+    """Spark settings that put the installed JDBC jars on the driver and executors.
+
+    They must be given before the SparkSession starts (``builder.config(k, v)``).
+    The driver class path matters: the PostgreSQL commit transaction opens its
+    connection in the driver JVM. The SQLite jar's native half lives in Debian's
+    JNI directory, which is added to ``java.library.path``. O(1).
+    """
+    jars = jdbc_jars()
+    if not jars:
+        return {}
+    jni = [d for d in _JNI_DIRS if os.path.isdir(d)]
+    conf = {
+        "spark.jars": ",".join(jars),
+        "spark.driver.extraClassPath": os.pathsep.join(jars),
+        "spark.executor.extraClassPath": os.pathsep.join(jars),
+    }
+    if jni:
+        lib = os.pathsep.join(jni)
+        conf["spark.driver.extraLibraryPath"] = lib
+        conf["spark.executor.extraLibraryPath"] = lib
+    return conf
+
+
+class BatchSink(Protocol):
+    """Where the pipeline's per-batch tables go; idempotent per batch id."""
+
+    name: str
+
+    def stage(
+        self,
+        batch_id: int,
+        tables: Mapping[str, DataFrame],
+        on_table: Callable[[str], None] | None = None,
+    ) -> None:
+        """Write the batch's rows out of readers' sight, replacing an earlier attempt.
+
+        ``on_table(name)`` is called after each table is written (progress, tests).
+        """
+
+    def commit(self, batch_id: int) -> bool:
+        """Make the staged batch visible exactly once; False when it already was."""
+
+    def is_committed(self, batch_id: int) -> bool:
+        """True when ``batch_id`` is visible in the sink."""
+
+    def read_table(self, spark: SparkSession, table: str) -> DataFrame | None:
+        """Return all committed rows of ``table`` (with ``batch_id``), or None if none."""
+
+    def describe(self) -> str:
+        """A short human description (for progress messages and summaries)."""
+
+
+def _with_batch_id(df: DataFrame, batch_id: int) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return df.withColumn(BATCH_ID, F.lit(batch_id).cast("long"))
+
+
+def _atomic_write_json(path: str, payload: Mapping[str, Any]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _local_path(path: str) -> str:
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if "://" in path:
+        raise SinkError(
+            f"the parquet sink needs a local or mounted path, got {path!r} "
+            "(use a shared mount on a cluster)"
+        )
+    return os.path.abspath(path)
+
+
+class ParquetSink:
+    """Parquet directory sink (the default): staged directories renamed into place.
+
+    Layout: ``OUT/<table>/batch_id=N/`` for committed rows, ``OUT/_staging/N/`` for
+    the batch being written and ``OUT/_batches/N.json`` as the commit marker.
+    ``commit`` costs one rename per table plus one small file.
+    """
+
+    name = "parquet"
+
+    def __init__(self, output: str) -> None:
+        """Use ``output`` (a local or mounted directory) as the sink's root."""
+        self.root = _local_path(output)
+        self._staging = os.path.join(self.root, "_staging")
+        self._markers = os.path.join(self.root, "_batches")
+        os.makedirs(self._staging, exist_ok=True)
+        os.makedirs(self._markers, exist_ok=True)
+
+    def describe(self) -> str:
+        """Return ``parquet:<dir>``."""
+        return f"parquet:{self.root}"
+
+    def _marker(self, batch_id: int) -> str:
+        return os.path.join(self._markers, f"{batch_id}.json")
+
+    def stage(
+        self,
+        batch_id: int,
+        tables: Mapping[str, DataFrame],
+        on_table: Callable[[str], None] | None = None,
+    ) -> None:
+        """Write each table under ``_staging/<batch_id>/``, replacing a crashed attempt."""
+        staged = os.path.join(self._staging, str(batch_id))
+        shutil.rmtree(staged, ignore_errors=True)
+        for table, df in tables.items():
+            df.write.mode("overwrite").parquet(os.path.join(staged, table))
+            if on_table is not None:
+                on_table(table)
+        _atomic_write_json(
+            os.path.join(staged, "_staged.json"), {"batch_id": batch_id, "tables": sorted(tables)}
+        )
+
+    def commit(self, batch_id: int) -> bool:
+        """Rename the staged tables into ``<table>/batch_id=N`` and write the marker."""
+        staged = os.path.join(self._staging, str(batch_id))
+        if self.is_committed(batch_id):
+            shutil.rmtree(staged, ignore_errors=True)
+            return False
+        manifest = os.path.join(staged, "_staged.json")
+        if not os.path.exists(manifest):
+            raise SinkError(f"batch {batch_id} was not staged in {staged}")
+        with open(manifest, encoding="utf-8") as fh:
+            tables = json.load(fh)["tables"]
+        for table in tables:
+            final_parent = os.path.join(self.root, table)
+            os.makedirs(final_parent, exist_ok=True)
+            final = os.path.join(final_parent, f"{BATCH_ID}={batch_id}")
+            if os.path.exists(final):  # a crash between renames: replace our own copy
+                shutil.rmtree(final)
+            os.rename(os.path.join(staged, table), final)
+            _fsync_dir(final_parent)
+        _atomic_write_json(
+            self._marker(batch_id),
+            {"batch_id": batch_id, "tables": tables, "committed_at": time.time()},
+        )
+        shutil.rmtree(staged, ignore_errors=True)
+        return True
+
+    def is_committed(self, batch_id: int) -> bool:
+        """True when the batch's marker exists. O(1)."""
+        return os.path.exists(self._marker(batch_id))
+
+    def committed_batches(self) -> list[int]:
+        """Return the committed batch ids in order. O(batches)."""
+        ids = []
+        for name in os.listdir(self._markers):
+            if name.endswith(".json") and name[:-5].isdigit():
+                ids.append(int(name[:-5]))
+        return sorted(ids)
+
+    def read_table(self, spark: SparkSession, table: str) -> DataFrame | None:
+        """Read the committed rows of ``table``, ``batch_id`` as a column."""
+        from pyspark.sql import functions as F
+
+        path = os.path.join(self.root, table)
+        if not glob.glob(os.path.join(path, f"{BATCH_ID}=*")):
+            return None
+        committed = self.committed_batches()
+        df = spark.read.option("basePath", path).parquet(path)
+        df = df.withColumn(BATCH_ID, F.col(BATCH_ID).cast("long"))
+        return df.where(F.col(BATCH_ID).isin(committed))
+
+
+# --------------------------------------------------------------------------- JDBC
+
+
+def _sql_type(dtype: Any, dialect: str) -> str:
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.LongType):
+        return "BIGINT"
+    if isinstance(dtype, (T.IntegerType, T.ShortType, T.ByteType)):
+        return "INTEGER"
+    if isinstance(dtype, (T.DoubleType, T.FloatType)):
+        return "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
+    if isinstance(dtype, T.BooleanType):
+        return "BOOLEAN" if dialect == "postgresql" else "INTEGER"
+    if isinstance(dtype, T.TimestampType):
+        return "TIMESTAMPTZ" if dialect == "postgresql" else "TEXT"
+    if isinstance(dtype, T.StringType):
+        return "TEXT"
+    if isinstance(dtype, T.DecimalType):
+        return f"NUMERIC({dtype.precision},{dtype.scale})"
+    raise SinkError(f"the JDBC sinks cannot store a column of type {dtype.simpleString()}")
+
+
+def _quote(name: str) -> str:
+    if not name.replace("_", "").isalnum():
+        raise SinkError(f"unsafe SQL identifier {name!r}")
+    return f'"{name}"'
+
+
+def _create_table_sql(name: str, schema: StructType, dialect: str) -> str:
+    cols = [f"{_quote(f.name)} {_sql_type(f.dataType, dialect)}" for f in schema.fields]
+    cols.append(f"{_quote(BATCH_ID)} BIGINT NOT NULL")
+    return f"CREATE TABLE IF NOT EXISTS {_quote(name)} ({', '.join(cols)})"
+
+
+def _custom_schema(schema: StructType) -> str:
+    parts = [f"{f.name} {f.dataType.simpleString()}" for f in schema.fields]
+    parts.append(f"{BATCH_ID} bigint")
+    return ", ".join(parts)
+
+
+_BATCHES_TABLE = "tickwheel_batches"
+_SCHEMAS_TABLE = "tickwheel_schemas"
+
+
+class _JdbcSink:
+    """Shared logic of the SQLite and PostgreSQL sinks (staging tables + one transaction)."""
+
+    name = "jdbc"
+    dialect = "?"
+    driver_class = "?"
+
+    def __init__(self, url: str, *, prefix: str = "") -> None:
+        self.url = url
+        self.prefix = prefix
+        self._schemas: dict[str, StructType] = {}
+        self._ready = False
+
+    # dialect hooks -------------------------------------------------------------
+    def _execute(self, statements: Sequence[str], *, transaction: bool) -> None:
+        raise NotImplementedError
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _jdbc_options(self) -> dict[str, str]:
+        return {"url": self.url, "driver": self.driver_class}
+
+    def _write_parallelism(self) -> int | None:
+        return None
+
+    # shared --------------------------------------------------------------------
+    def describe(self) -> str:
+        """Return ``<dialect>:<url>``."""
+        return f"{self.name}:{self.url}"
+
+    def _table(self, table: str) -> str:
+        return f"{self.prefix}{table}"
+
+    def _stage_table(self, table: str) -> str:
+        return f"{self.prefix}stage_{table}"
+
+    def _ensure_base(self) -> None:
+        if self._ready:
+            return
+        self._execute(
+            [
+                f"CREATE TABLE IF NOT EXISTS {_quote(self._table(_BATCHES_TABLE))} ("
+                "batch_id BIGINT PRIMARY KEY, committed_at DOUBLE PRECISION NOT NULL, "
+                "row_counts TEXT NOT NULL)",
+                f"CREATE TABLE IF NOT EXISTS {_quote(self._table(_SCHEMAS_TABLE))} ("
+                "table_name TEXT PRIMARY KEY, spark_schema TEXT NOT NULL)",
+            ],
+            transaction=True,
+        )
+        self._ready = True
+
+    def _ensure_table(self, table: str, schema: StructType) -> None:
+        from pyspark.sql.types import StructType
+
+        if table in self._schemas:
+            return
+        rows = self._query(
+            f"SELECT spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            f"WHERE table_name = '{table}'"
+        )
+        if rows:
+            stored = StructType.fromJson(json.loads(rows[0][0]))
+            if [f.name for f in stored.fields] != [f.name for f in schema.fields]:
+                raise SinkError(
+                    f"table {self._table(table)!r} exists with columns "
+                    f"{[f.name for f in stored.fields]}, the batch has "
+                    f"{[f.name for f in schema.fields]}"
+                )
+            self._schemas[table] = stored
+            return
+        schema_json = json.dumps(schema.jsonValue()).replace("'", "''")
+        self._execute(
+            [
+                _create_table_sql(self._table(table), schema, self.dialect),
+                _create_table_sql(self._stage_table(table), schema, self.dialect),
+                f"INSERT INTO {_quote(self._table(_SCHEMAS_TABLE))} (table_name, spark_schema) "
+                f"VALUES ('{table}', '{schema_json}')",
+            ],
+            transaction=True,
+        )
+        self._schemas[table] = schema
+
+    def _known_tables(self) -> list[str]:
+        """Tables staged in this process, else every table the sink has created."""
+        from pyspark.sql.types import StructType
+
+        staged = getattr(self, "_staged_tables", None)
+        if staged is not None:
+            return list(staged)
+        rows = self._query(
+            f"SELECT table_name, spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            "ORDER BY table_name"
+        )
+        for name, schema in rows:
+            self._schemas.setdefault(name, StructType.fromJson(json.loads(schema)))
+        return [name for name, _ in rows]
+
+    def _drop_staged(self, batch_id: int, tables: Sequence[str]) -> None:
+        self._execute(
+            [
+                f"DELETE FROM {_quote(self._stage_table(t))} WHERE {BATCH_ID} = {int(batch_id)}"
+                for t in tables
+            ],
+            transaction=True,
+        )
+
+    def stage(
+        self,
+        batch_id: int,
+        tables: Mapping[str, DataFrame],
+        on_table: Callable[[str], None] | None = None,
+    ) -> None:
+        """Write the batch's rows into staging tables through Spark's JDBC writer."""
+        self._ensure_base()
+        self._staged_tables = sorted(tables)
+        for table, df in tables.items():
+            self._ensure_table(table, df.schema)
+            stage = self._stage_table(table)
+            self._execute(
+                [f"DELETE FROM {_quote(stage)} WHERE {BATCH_ID} = {int(batch_id)}"],
+                transaction=True,
+            )
+            out = _with_batch_id(df, batch_id)
+            parallelism = self._write_parallelism()
+            if parallelism is not None:
+                out = out.coalesce(parallelism)
+            writer = out.write.format("jdbc").mode("append").option("dbtable", stage)
+            for key, value in self._jdbc_options().items():
+                writer = writer.option(key, value)
+            writer.option("batchsize", "10000").save()
+            if on_table is not None:
+                on_table(table)
+
+    def commit(self, batch_id: int) -> bool:
+        """Copy the staged rows and insert the ``tickwheel_batches`` row in ONE transaction."""
+        self._ensure_base()
+        tables = self._known_tables()
+        if self.is_committed(batch_id):
+            self._drop_staged(batch_id, tables)  # a replay's staged rows: not a second copy
+            return False
+        counts = {}
+        for table in tables:
+            rows = self._query(
+                f"SELECT COUNT(*) FROM {_quote(self._stage_table(table))} "
+                f"WHERE {BATCH_ID} = {int(batch_id)}"
+            )
+            counts[table] = int(rows[0][0])
+        statements = []
+        for table in tables:
+            cols = ", ".join(_quote(f.name) for f in self._schemas[table].fields)
+            cols += f", {_quote(BATCH_ID)}"
+            statements.append(
+                f"INSERT INTO {_quote(self._table(table))} ({cols}) SELECT {cols} FROM "
+                f"{_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)}"
+            )
+        statements.append(
+            f"INSERT INTO {_quote(self._table(_BATCHES_TABLE))} "
+            f"(batch_id, committed_at, row_counts) VALUES "
+            f"({int(batch_id)}, {time.time()!r}, '{json.dumps(counts, sort_keys=True)}')"
+        )
+        for table in tables:
+            statements.append(
+                f"DELETE FROM {_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)}"
+            )
+        self._execute(statements, transaction=True)
+        return True
+
+    def is_committed(self, batch_id: int) -> bool:
+        """True when ``tickwheel_batches`` holds ``batch_id``. One indexed query."""
+        self._ensure_base()
+        rows = self._query(
+            f"SELECT 1 FROM {_quote(self._table(_BATCHES_TABLE))} WHERE batch_id = {int(batch_id)}"
+        )
+        return bool(rows)
+
+    def committed_batches(self) -> list[int]:
+        """Return the committed batch ids in order."""
+        self._ensure_base()
+        rows = self._query(
+            f"SELECT batch_id FROM {_quote(self._table(_BATCHES_TABLE))} ORDER BY batch_id"
+        )
+        return [int(r[0]) for r in rows]
+
+    def read_table(self, spark: SparkSession, table: str) -> DataFrame | None:
+        """Read ``table`` back through Spark JDBC with its original Spark types."""
+        self._ensure_base()
+        rows = self._query(
+            f"SELECT spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            f"WHERE table_name = '{table}'"
+        )
+        if not rows:
+            return None
+        from pyspark.sql.types import StructType
+
+        schema = StructType.fromJson(json.loads(rows[0][0]))
+        reader = spark.read.format("jdbc").option("dbtable", self._table(table))
+        for key, value in self._jdbc_options().items():
+            reader = reader.option(key, value)
+        df = reader.option("customSchema", _custom_schema(schema)).load()
+        # SQLite hands BIGINT/TEXT back loosely typed: cast to the stored Spark types.
+        from pyspark.sql import functions as F
+
+        return df.select(
+            *[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields],
+            F.col(BATCH_ID).cast("long").alias(BATCH_ID),
+        )
+
+
+class SqliteSink(_JdbcSink):
+    """SQLite database sink: Spark JDBC (Debian's xerial jar) + one SQLite transaction.
+
+    The URL is ``jdbc:sqlite:/path/to/file.db``. DDL and the commit transaction go
+    through Python's ``sqlite3`` on the driver (the database is a local file);
+    the rows travel through Spark's JDBC writer, one writer at a time (SQLite
+    has a single writer lock).
+    """
+
+    name = "sqlite"
+    dialect = "sqlite"
+    driver_class = "org.sqlite.JDBC"
+
+    def __init__(self, url: str, *, prefix: str = "") -> None:
+        """Use the SQLite file named by ``url`` (``jdbc:sqlite:PATH``)."""
+        if not url.startswith("jdbc:sqlite:"):
+            raise SinkError(f"a SQLite sink URL looks like jdbc:sqlite:/path/out.db, got {url!r}")
+        if _find_jar(_SQLITE_JARS, "libxerial-sqlite-jdbc-java") is None:
+            raise SinkError(
+                "the SQLite sink needs Debian's libxerial-sqlite-jdbc-java "
+                "(run scripts/system-deps.sh)"
+            )
+        super().__init__(url, prefix=prefix)
+        self.path = url[len("jdbc:sqlite:") :]
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        return conn
+
+    def _execute(self, statements: Sequence[str], *, transaction: bool) -> None:
+        conn = self._connect()
+        try:
+            if transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            for sql in statements:
+                conn.execute(sql)
+            if transaction:
+                conn.execute("COMMIT")
+        except BaseException:
+            if transaction and conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        finally:
+            conn.close()
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        conn = self._connect()
+        try:
+            return list(conn.execute(sql).fetchall())
+        finally:
+            conn.close()
+
+    def _write_parallelism(self) -> int | None:
+        return 1
+
+
+class PostgresSink(_JdbcSink):
+    """PostgreSQL sink: Spark JDBC into staging tables, then ONE transaction per batch.
+
+    The URL is ``jdbc:postgresql://host:port/db?user=...``. The commit opens a
+    JDBC connection in the Spark driver's JVM (pgjdbc from Debian's
+    ``libpostgresql-jdbc-java``), locks the ``tickwheel_batches`` row range,
+    and in one transaction copies the batch's staged rows into the real tables
+    and inserts ``tickwheel_batches(batch_id, committed_at, row_counts)``. The
+    primary key on ``batch_id`` makes a replayed or concurrent commit fail or
+    no-op instead of doubling rows.
+    """
+
+    name = "postgresql"
+    dialect = "postgresql"
+    driver_class = "org.postgresql.Driver"
+
+    def __init__(self, url: str, spark: SparkSession, *, prefix: str = "") -> None:
+        """Use the database at ``url``; ``spark`` provides the driver JVM."""
+        if not url.startswith("jdbc:postgresql:"):
+            raise SinkError(
+                "a PostgreSQL sink URL looks like "
+                f"jdbc:postgresql://127.0.0.1:5432/db?user=me, got {url!r}"
+            )
+        if _find_jar(_POSTGRES_JARS, "libpostgresql-jdbc-java") is None:
+            raise SinkError(
+                "the PostgreSQL sink needs Debian's libpostgresql-jdbc-java "
+                "(run scripts/system-deps.sh)"
+            )
+        super().__init__(url, prefix=prefix)
+        self._spark = spark
+
+    def _connection(self) -> Any:
+        jvm = self._spark.sparkContext._jvm
+        assert jvm is not None
+        try:
+            driver = jvm.org.postgresql.Driver()
+        except Exception as exc:  # py4j: the name resolves to a package, not a class
+            raise SinkError(
+                "pgjdbc is not on the Spark driver's class path: start the SparkSession "
+                "with tickwheel.pipeline.sinks.spark_jdbc_conf()"
+            ) from exc
+        conn = driver.connect(self.url, jvm.java.util.Properties())
+        if conn is None:
+            raise SinkError(f"pgjdbc does not accept the URL {self.url!r}")
+        return conn
+
+    def _execute(self, statements: Sequence[str], *, transaction: bool) -> None:
+        conn = self._connection()
+        try:
+            conn.setAutoCommit(not transaction)
+            stmt = conn.createStatement()
+            for sql in statements:
+                stmt.execute(sql)
+            stmt.close()
+            if transaction:
+                conn.commit()
+        except BaseException:
+            if transaction:
+                with contextlib.suppress(Exception):
+                    conn.rollback()
+            raise
+        finally:
+            conn.close()
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        conn = self._connection()
+        try:
+            stmt = conn.createStatement()
+            rs = stmt.executeQuery(sql)
+            ncols = rs.getMetaData().getColumnCount()
+            out = []
+            while rs.next():
+                out.append(tuple(rs.getString(i + 1) for i in range(ncols)))
+            rs.close()
+            stmt.close()
+            return out
+        finally:
+            conn.close()
+
+    def _write_parallelism(self) -> int | None:
+        return None
+
+    def commit(self, batch_id: int) -> bool:
+        """One transaction: rows + ``tickwheel_batches`` row; a replayed batch is a no-op."""
+        self._ensure_base()
+        # Serialise concurrent committers of the same sink, then re-check inside.
+        lock = f"LOCK TABLE {_quote(self._table(_BATCHES_TABLE))} IN SHARE ROW EXCLUSIVE MODE"
+        tables = self._known_tables()
+        if self.is_committed(batch_id):
+            self._drop_staged(batch_id, tables)  # a replay's staged rows: not a second copy
+            return False
+        statements = [lock]
+        guard = (
+            f"NOT EXISTS (SELECT 1 FROM {_quote(self._table(_BATCHES_TABLE))} "
+            f"WHERE batch_id = {int(batch_id)})"
+        )
+        for table in tables:
+            cols = ", ".join(_quote(f.name) for f in self._schemas[table].fields)
+            cols += f", {_quote(BATCH_ID)}"
+            statements.append(
+                f"INSERT INTO {_quote(self._table(table))} ({cols}) SELECT {cols} FROM "
+                f"{_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)} "
+                f"AND {guard}"
+            )
+        count_exprs = ", ".join(
+            f"'{t}', (SELECT COUNT(*) FROM {_quote(self._stage_table(t))} "
+            f"WHERE {BATCH_ID} = {int(batch_id)})"
+            for t in tables
+        )
+        statements.append(
+            f"INSERT INTO {_quote(self._table(_BATCHES_TABLE))} "
+            f"(batch_id, committed_at, row_counts) SELECT {int(batch_id)}, {time.time()!r}, "
+            f"json_build_object({count_exprs})::text WHERE {guard}"
+        )
+        for table in tables:
+            statements.append(
+                f"DELETE FROM {_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)}"
+            )
+        self._execute(statements, transaction=True)
+        return True
+
+
+def make_sink(kind: str, output: str, spark: SparkSession, *, url: str | None = None) -> BatchSink:
+    """Build the sink named ``kind`` (parquet, sqlite or postgresql). O(1).
+
+    ``output`` is the output directory (parquet) and the default home of the
+    SQLite file (``OUT/tickwheel.db``); ``url`` overrides the JDBC URL and is
+    required for PostgreSQL.
+    """
+    if kind == "parquet":
+        return ParquetSink(output)
+    if kind == "sqlite":
+        return SqliteSink(
+            url or f"jdbc:sqlite:{os.path.join(os.path.abspath(output), 'tickwheel.db')}"
+        )
+    if kind in ("postgresql", "postgres"):
+        if not url:
+            raise SinkError(
+                "the postgresql sink needs --jdbc-url jdbc:postgresql://HOST:PORT/DB?user=U"
+            )
+        return PostgresSink(url, spark)
+    raise SinkError(f"unknown sink {kind!r}: choose parquet, sqlite or postgresql")
