@@ -13,12 +13,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	@touch $(STAMP)
 
-# Spark needs Java 17; install it from Debian when it is missing.
+# Spark needs Java 17, the JDBC sinks Debian's SQLite and PostgreSQL jars, and the
+# PostgreSQL sink tests Debian's postgresql server: install them when missing.
 system-deps:
 	@bash scripts/system-deps.sh
 
+DEMO_DIR ?= demo-out
+
 demo: $(STAMP) system-deps
 	$(BIN)/tickwheel trace
+	$(BIN)/tickwheel pipeline generate --orders 100000 --seed 1 --out $(DEMO_DIR)/orders
+	$(BIN)/tickwheel pipeline run --rules examples/orders.toml --input $(DEMO_DIR)/orders --output $(DEMO_DIR)/result
+	$(BIN)/tickwheel pipeline report $(DEMO_DIR)/result
+	@echo "outputs: $(DEMO_DIR)/result/{outcomes,unmatched,rejected,buffered}/ and $(DEMO_DIR)/result/summary.json"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
@@ -34,6 +41,8 @@ test: lint typecheck pytest
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_timer.py
+	$(BIN)/python benchmarks/bench_purgatory.py
+	$(BIN)/python benchmarks/bench_aio.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -14,6 +14,8 @@ See ``docs/`` for the design, the benchmarks and the pipeline.
 """
 
 from ._clock import Clock, ManualClock, SystemClock
+from ._delayed_future import DelayedFuturePurgatory
+from ._purgatory import DelayedOperation, DelayedOperationPurgatory
 from ._snapshot import BucketSnapshot, LevelSnapshot, WheelSnapshot
 from ._task import TimerTask
 from ._task_list import TimerTaskEntry, TimerTaskList
@@ -25,6 +27,9 @@ __version__ = "0.1.0"
 __all__ = [
     "BucketSnapshot",
     "Clock",
+    "DelayedFuturePurgatory",
+    "DelayedOperation",
+    "DelayedOperationPurgatory",
     "LevelSnapshot",
     "ManualClock",
     "SystemClock",
