@@ -104,9 +104,13 @@ def write_plots(output_dir: str | Path, fmt: str = "parquet") -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     if len(outcomes):
         resolved = outcomes[outcomes["outcome"] != "pending"]
+        # One set of bin edges for every outcome: per-outcome bins would squeeze
+        # the expirations (all at exactly the timeout) into an invisible sliver.
+        longest = float(resolved["latency_ms"].max() / 1000.0) if len(resolved) else 1.0
+        edges = [longest * i / 60 for i in range(61)] if longest > 0 else 60
         for outcome, group in sorted(resolved.groupby("outcome")):
             seconds = group["latency_ms"].astype("float64") / 1000.0
-            ax.hist(seconds, bins=60, alpha=0.6, label=f"{outcome} ({len(group):,})")
+            ax.hist(seconds, bins=edges, alpha=0.6, label=f"{outcome} ({len(group):,})")
         ax.legend()
     ax.set_xlabel("latency (s): resolved_at - opened_at")
     ax.set_ylabel("operations")
