@@ -248,9 +248,9 @@ class SystemTimer:
     def schedule(self, delay_ms: int, fn: Callable[..., Any], *args: Any) -> TimerTask:
         """Create a :class:`TimerTask` for ``fn(*args)`` after ``delay_ms``, add it, return it.
 
-        Exactly ``task = TimerTask(delay_ms, fn, *args); self.add(task)``, with
-        both inlined: this is the hottest path of the library. O(1) in the
-        number of pending tasks (O(levels)).
+        The same as ``task = TimerTask(delay_ms, fn, *args); self.add(task)``,
+        with the task built without calling ``__init__``. O(1) in the number of
+        pending tasks (O(levels)).
         """
         if type(delay_ms) is not int:
             delay_ms = check_delay_ms(delay_ms)
@@ -259,39 +259,8 @@ class SystemTimer:
         task = _new_task(TimerTask)
         task._delay_ms = delay_ms
         task._call = (fn, args) if args and fn is not None else fn
-        lock = self._lock
-        lock.acquire()
-        try:
-            if self._closed:
-                raise RuntimeError(f"timer {self.name!r} is closed")
-            expiration = delay_ms + self._now()
-            task.expiration_ms = expiration
-            # TimingWheel.add and TimerTaskList.add, inlined.
-            wheel = self._wheel
-            if expiration >= wheel.current_time_ms + wheel.tick_ms:
-                while expiration >= wheel.current_time_ms + wheel.interval_ms:
-                    wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
-                tick = wheel.tick_ms
-                virtual_id = expiration // tick
-                bucket = wheel.buckets[virtual_id % wheel.wheel_size]
-                self._counter.value += 1
-                root = bucket._root
-                tail = root._prev
-                task._next = root
-                task._prev = tail
-                task._list = bucket
-                tail._next = task  # type: ignore[union-attr]
-                root._prev = task
-                expiration = virtual_id * tick
-                if bucket._expiration_ms != expiration:
-                    bucket._expiration_ms = expiration
-                    if self._queue.offer(bucket) and self._waiting:
-                        self._cond.notify_all()
-                return task
-            task._list = None
-        finally:
-            lock.release()
-        self._dispatch([task])
+        task._list = None
+        self.add(task)
         return task
 
     # -- the clock ----------------------------------------------------------

@@ -247,10 +247,9 @@ class AsyncTimer:
 
     # -- scheduling -------------------------------------------------------------
     #
-    # call_later, call_at and _schedule share one body, inlined three times because
-    # a Python call costs as much as the whole insertion: validate, build the
-    # handle, round the deadline up to the tick, then TimingWheel.add and
-    # TimerTaskList.add inlined. Change one, change all (tests cover each).
+    # call_later and call_at validate their arguments and then share one body,
+    # _schedule: round the deadline up to the tick, then TimingWheel.add and
+    # TimerTaskList.add inlined (a Python call costs as much as an insertion).
 
     def call_later(
         self,
@@ -269,50 +268,9 @@ class AsyncTimer:
             delay = _check_delay(delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        if self._closed:
-            raise RuntimeError("AsyncTimer is closed")
-        when = self._time() + delay
-        handle = _new_handle(TimerHandle)
-        handle._when = when
         if context is None:
-            handle._callback = callback
-            handle._args = args
-        else:
-            handle._callback = context.run
-            handle._args = (callback, *args)
-        # Round up: the smallest m with m / 1000 >= when, then up to a tick multiple.
-        m = _ceil(when * 1000.0)
-        if m / 1000 < when:
-            m += 1
-        elif (m - 1) / 1000 >= when:
-            m -= 1
-        tick = self._tick_ms
-        if tick != 1:
-            m = -(-m // tick) * tick
-        handle.expiration_ms = m
-        wheel = self._wheel
-        if m < wheel.current_time_ms + tick:
-            return self._add_ready(handle)
-        while m >= wheel.current_time_ms + wheel.interval_ms:
-            wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
-        tick = wheel.tick_ms
-        virtual_id = m // tick
-        bucket = wheel.buckets[virtual_id % wheel.wheel_size]
-        root = bucket._root
-        tail = root._prev
-        handle._next = root
-        handle._prev = tail
-        handle._list = bucket
-        tail._next = handle  # type: ignore[union-attr]
-        root._prev = handle
-        self._counter.value += 1
-        expiration = virtual_id * tick
-        if bucket._expiration_ms != expiration:
-            bucket._expiration_ms = expiration
-            self._queue.offer(bucket)
-            if expiration < self._armed_ms:
-                self._arm(expiration)
-        return handle
+            return self._schedule(self._time() + delay, callback, args)
+        return self._schedule(self._time() + delay, context.run, (callback, *args))
 
     def call_at(
         self,
@@ -330,48 +288,9 @@ class AsyncTimer:
             when = _check_when(when)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        if self._closed:
-            raise RuntimeError("AsyncTimer is closed")
-        handle = _new_handle(TimerHandle)
-        handle._when = when
         if context is None:
-            handle._callback = callback
-            handle._args = args
-        else:
-            handle._callback = context.run
-            handle._args = (callback, *args)
-        m = _ceil(when * 1000.0)
-        if m / 1000 < when:
-            m += 1
-        elif (m - 1) / 1000 >= when:
-            m -= 1
-        tick = self._tick_ms
-        if tick != 1:
-            m = -(-m // tick) * tick
-        handle.expiration_ms = m
-        wheel = self._wheel
-        if m < wheel.current_time_ms + tick:
-            return self._add_ready(handle)
-        while m >= wheel.current_time_ms + wheel.interval_ms:
-            wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
-        tick = wheel.tick_ms
-        virtual_id = m // tick
-        bucket = wheel.buckets[virtual_id % wheel.wheel_size]
-        root = bucket._root
-        tail = root._prev
-        handle._next = root
-        handle._prev = tail
-        handle._list = bucket
-        tail._next = handle  # type: ignore[union-attr]
-        root._prev = handle
-        self._counter.value += 1
-        expiration = virtual_id * tick
-        if bucket._expiration_ms != expiration:
-            bucket._expiration_ms = expiration
-            self._queue.offer(bucket)
-            if expiration < self._armed_ms:
-                self._arm(expiration)
-        return handle
+            return self._schedule(when, callback, args)
+        return self._schedule(when, context.run, (callback, *args))
 
     def _schedule(
         self,
@@ -386,6 +305,7 @@ class AsyncTimer:
         handle._when = when
         handle._callback = callback
         handle._args = args
+        # Round up: the smallest m with m / 1000 >= when, then up to a tick multiple.
         m = _ceil(when * 1000.0)
         if m / 1000 < when:
             m += 1
