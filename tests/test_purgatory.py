@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thread_support import WAIT_S, wait_until
 from tickwheel import (
     DelayedOperation,
     DelayedOperationPurgatory,
@@ -20,8 +21,6 @@ from tickwheel import (
     SystemTimer,
     TimerTask,
 )
-
-WAIT_S = 10.0  # bound for every wait on another thread; never a timing assertion
 
 
 class MockOp(DelayedOperation):
@@ -67,15 +66,6 @@ def purgatory(timer: SystemTimer) -> Iterator[DelayedOperationPurgatory[MockOp]]
     )
     yield p
     p.shutdown()
-
-
-def _wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
-    event = threading.Event()
-    for _ in range(int(timeout_s / 0.001)):
-        if predicate():
-            return True
-        event.wait(0.001)
-    return predicate()
 
 
 # -- DelayedOperation ----------------------------------------------------------------
@@ -420,7 +410,7 @@ def test_request_expiry_on_the_system_clock() -> None:
         assert r1.is_completed and r1.events == ["complete"]
         assert not r2.is_completed
         assert purgatory.num_delayed == 1
-        assert _wait_until(lambda: purgatory.num_expired == 1)
+        assert wait_until(lambda: purgatory.num_expired == 1)
     finally:
         purgatory.shutdown()
 
@@ -549,7 +539,7 @@ def test_reaper_purges_on_a_manual_clock(clock: ManualClock) -> None:
         purgatory.try_complete_else_watch(op, ["a", "b"])
         assert purgatory.watched == 2
         clock.advance(50)  # wakes the reaper, which expires the op and then purges
-        assert _wait_until(lambda: op.is_completed and purgatory.watched == 0)
+        assert wait_until(lambda: op.is_completed and purgatory.watched == 0)
         assert op.events == ["complete", "expire"]
         assert purgatory.num_expired == 1
     finally:
@@ -673,7 +663,7 @@ def test_concurrent_check_and_complete_completes_every_op_once() -> None:
     threads = [threading.Thread(target=hammer, args=(w,)) for w in range(20)]
     for t in threads:
         t.start()
-    ok = _wait_until(lambda: all(op.is_completed for op in ops))
+    ok = wait_until(lambda: all(op.is_completed for op in ops))
     stop.set()
     for t in threads:
         t.join(WAIT_S)

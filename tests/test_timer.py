@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
+from thread_support import WAIT_S, wait_until
 from tickwheel import ManualClock, SystemClock, SystemTimer, SystemTimerReaper, TimerTask
-
-WAIT_S = 10.0  # generous bound for every wait on another thread; never a timing assertion
 
 
 @pytest.fixture
@@ -24,15 +23,6 @@ def timer(clock: ManualClock) -> Iterator[SystemTimer]:
     with SystemTimer(name="t", tick_ms=10, wheel_size=8, clock=clock, executor="inline") as t:
         yield t
     t._check()
-
-
-def _wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
-    event = threading.Event()
-    for _ in range(int(timeout_s / 0.001)):
-        if predicate():
-            return True
-        event.wait(0.001)
-    return predicate()
 
 
 # -- construction and bad input ------------------------------------------------
@@ -281,7 +271,7 @@ def test_add_of_earlier_bucket_wakes_waiting_advance_clock() -> None:
     )
     thread.start()
     try:
-        assert _wait_until(lambda: timer._waiting == 1)
+        assert wait_until(lambda: timer._waiting == 1)
         timer.schedule(5, ran.set)
         thread.join(WAIT_S)
         assert not thread.is_alive(), "the add did not wake advance_clock"
@@ -493,7 +483,7 @@ def test_reaper_close_wakes_it_at_once(manual: bool) -> None:
     timer = SystemTimer(name="slow", clock=clock)
     reaper = _SlowReaper(timer)
     timer.schedule(0, lambda: None)  # starts the executor thread
-    assert _wait_until(lambda: timer._waiting == 1)  # the reaper is asleep
+    assert wait_until(lambda: timer._waiting == 1)  # the reaper is asleep
     closer = threading.Thread(target=reaper.close, name="test-closer")
     closer.start()
     closer.join(WAIT_S)
