@@ -118,6 +118,39 @@ def test_non_callable_is_a_type_error(loop: VirtualClockEventLoop) -> None:
     assert timer.size == 0
 
 
+def _layout(timer: AsyncTimer) -> tuple[Any, ...]:
+    """Everything about where a timer's handles sit: levels, buckets, queue, arming."""
+    levels = [
+        (
+            wheel.current_time_ms,
+            [(b.expiration_ms, [e.expiration_ms for e in b]) for b in wheel.buckets],
+        )
+        for wheel in timer._wheel.levels()
+    ]
+    queue = [(exp, b.level, b.index) for exp, b in timer._queue.entries()]
+    return levels, queue, timer._armed_ms, timer.size, len(timer._ready)
+
+
+@pytest.mark.parametrize(("tick", "size"), [(1, 20), (7, 4)])
+def test_call_later_places_handles_exactly_like_call_at(
+    loop: VirtualClockEventLoop, tick: int, size: int
+) -> None:
+    # call_later inlines call_at's insertion (_schedule): both must build the same wheel.
+    a = AsyncTimer(tick, size, loop=loop)
+    b = AsyncTimer(tick, size, loop=loop)
+    now = loop.time()
+    delays = [0.0, 0.0004, 0.001, 0.0015, 0.007, 0.02, 0.5, 3.0, 3.0, 77.7, 1000.0]
+    by_later = [a.call_later(d, print) for d in delays]
+    by_at = [b.call_at(now + d, print) for d in delays]
+    assert [h.when() for h in by_later] == [h.when() for h in by_at]
+    assert [h.expiration_ms for h in by_later] == [h.expiration_ms for h in by_at]
+    assert _layout(a) == _layout(b)
+    a._check()
+    b._check()
+    a.close()
+    b.close()
+
+
 def test_int_delays_and_whens_are_accepted(loop: VirtualClockEventLoop) -> None:
     timer = AsyncTimer(loop=loop)
     out: list[int] = []

@@ -123,6 +123,68 @@ def test_add_sets_expiration_and_size(timer: SystemTimer, clock: ManualClock) ->
     assert task.is_pending
 
 
+class _CallCountingClock(ManualClock):
+    """A ManualClock subclass: the timer must call its now_ms(), not read the stored time."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self, start_ms: int) -> None:
+        super().__init__(start_ms)
+        self.calls = 0
+
+    def now_ms(self) -> int:
+        self.calls += 1
+        return super().now_ms()
+
+
+@pytest.mark.parametrize("kind", ["manual", "subclass"])
+def test_schedule_places_tasks_exactly_like_add(kind: str) -> None:
+    # schedule() inlines add() for a new task: the two must build the same wheel.
+    delays = [-5, 0, 1, 9, 10, 11, 79, 80, 81, 640, 5_000, 100_000, 3, 3, 700]
+
+    def build(use_schedule: bool) -> tuple[SystemTimer, list[TimerTask], Any]:
+        clock = ManualClock(1005) if kind == "manual" else _CallCountingClock(1005)
+        timer = SystemTimer(tick_ms=10, wheel_size=8, clock=clock, executor="inline")
+        tasks = []
+        for step, d in enumerate(delays):
+            clock.advance(step % 3)
+            if use_schedule:
+                tasks.append(timer.schedule(d, _noop))
+            else:
+                task = TimerTask(d, _noop)
+                timer.add(task)
+                tasks.append(task)
+        return timer, tasks, clock
+
+    by_schedule, scheduled, clock_a = build(True)
+    by_add, added, clock_b = build(False)
+    assert by_schedule.snapshot() == by_add.snapshot()
+    assert [t.expiration_ms for t in scheduled] == [t.expiration_ms for t in added]
+    assert [t.is_pending for t in scheduled] == [t.is_pending for t in added]
+    if kind == "subclass":
+        assert clock_a.calls >= len(delays)
+        assert clock_b.calls >= len(delays)
+    by_schedule._check()
+    by_add._check()
+
+
+def test_schedule_and_add_read_the_system_clock() -> None:
+    with SystemTimer(clock=SystemClock(), executor="inline") as timer:
+        before = SystemClock().now_ms()
+        task = timer.schedule(60_000, _noop)
+        other = TimerTask(60_000, _noop)
+        timer.add(other)
+        after = SystemClock().now_ms()
+        for t in (task, other):
+            assert before + 60_000 <= t.expiration_ms <= after + 60_000
+        assert timer.size == 2
+        timer._check()
+
+
+def _noop() -> None:
+    pass
+
+
 def test_expired_task_runs_at_once(timer: SystemTimer) -> None:
     ran: list[int] = []
     # current time is 1000 (1005 rounded to tick 10): due means expiration < 1010.
@@ -432,6 +494,22 @@ def test_exception_is_logged_and_later_tasks_run(
     assert records[0].exc_info is not None
     assert "boom" in str(records[0].exc_info[1])
     assert repr(bad) in records[0].getMessage()
+
+
+def test_several_failing_tasks_in_one_batch_are_each_logged(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The inline executor runs a batch in one try block that resumes after a
+    # failure: every failure is logged once and every other task still runs, in order.
+    caplog.set_level(logging.ERROR, logger="tickwheel")
+    ran: list[int] = []
+    with SystemTimer(name="batch", clock=clock, executor="inline") as timer:
+        for i in range(6):
+            timer.schedule(10, _boom if i % 2 == 0 else ran.append, *(() if i % 2 == 0 else (i,)))
+        clock.advance(10)
+        assert timer.advance_clock(0) is True
+    assert ran == [1, 3, 5]
+    assert len([r for r in caplog.records if r.name == "tickwheel"]) == 3
 
 
 # -- reaper ------------------------------------------------------------------------------

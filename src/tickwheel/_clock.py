@@ -45,7 +45,11 @@ class SystemClock:
     manual = False
 
     def now_ms(self) -> int:
-        """Return ``time.monotonic_ns() // 1_000_000``. O(1)."""
+        """Return ``time.monotonic_ns() // 1_000_000``. O(1).
+
+        ``SystemTimer`` computes this same expression inline for an exact
+        ``SystemClock`` (saving a Python call per add); keep the two in step.
+        """
         return time.monotonic_ns() // 1_000_000
 
     def __repr__(self) -> str:
@@ -81,7 +85,13 @@ class ManualClock:
         self._listeners: list[weakref.WeakMethod[Callable[[], None]]] = []
 
     def now_ms(self) -> int:
-        """Return the current manual time in milliseconds. O(1)."""
+        """Return the current manual time in milliseconds. O(1).
+
+        ``_now_ms`` is part of the package's internal contract: ``SystemTimer``
+        reads it directly for an exact ``ManualClock`` (no call per add), and
+        the event-time pipeline writes it. A subclass that overrides this
+        method is always called instead.
+        """
         return self._now_ms
 
     def set(self, ms: int) -> None:

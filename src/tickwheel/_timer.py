@@ -23,9 +23,10 @@ import queue
 import threading
 from collections.abc import Callable
 from heapq import heappop, heappush
+from time import monotonic_ns as _monotonic_ns
 from typing import Any, Literal, Protocol
 
-from ._clock import Clock, SystemClock, is_manual
+from ._clock import Clock, ManualClock, SystemClock, is_manual
 from ._delay_queue import BucketDelayQueue
 from ._snapshot import BucketSnapshot, LevelSnapshot, WheelSnapshot
 from ._task import TimerTask, check_delay_ms
@@ -150,6 +151,12 @@ class SystemTimer:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self._now = self.clock.now_ms
         self._manual = is_manual(self.clock)
+        # The insertion hot paths read the time without a Python call when they
+        # can: a ManualClock's stored ms directly (the event-time pipeline writes
+        # that same attribute), a SystemClock's monotonic_ns() inline. Exact
+        # types only, so a subclass overriding now_ms() is still called.
+        self._manual_clock: ManualClock | None = clock if type(clock) is ManualClock else None
+        self._system_clock = type(self.clock) is SystemClock
         # The one lock of this timer (see the module doc); the condition lets
         # advance_clock sleep until a bucket is due or an add queues an earlier one.
         self._lock = threading.Lock()
@@ -207,12 +214,18 @@ class SystemTimer:
                     return
                 if lst._lock is not lock:
                     raise ValueError(f"{task!r} is pending in another timer; cancel it first")
-            expiration = task._delay_ms + self._now()
+            clock = self._manual_clock
+            if clock is not None:
+                expiration = task._delay_ms + clock._now_ms
+            elif self._system_clock:
+                expiration = task._delay_ms + _monotonic_ns() // 1_000_000
+            else:
+                expiration = task._delay_ms + self._now()
             task.expiration_ms = expiration
             # TimingWheel.add and TimerTaskList.add, inlined: this is the hot path.
             wheel = self._wheel
-            if expiration >= wheel.current_time_ms + wheel.tick_ms:
-                while expiration >= wheel.current_time_ms + wheel.interval_ms:
+            if expiration >= wheel._tick_end_ms:
+                while expiration >= wheel._end_ms:
                     wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
                 tick = wheel.tick_ms
                 virtual_id = expiration // tick
@@ -248,19 +261,60 @@ class SystemTimer:
     def schedule(self, delay_ms: int, fn: Callable[..., Any], *args: Any) -> TimerTask:
         """Create a :class:`TimerTask` for ``fn(*args)`` after ``delay_ms``, add it, return it.
 
-        The same as ``task = TimerTask(delay_ms, fn, *args); self.add(task)``,
-        with the task built without calling ``__init__``. O(1) in the number of
-        pending tasks (O(levels)).
+        The same as ``task = TimerTask(delay_ms, fn, *args); self.add(task)``.
+        O(1) in the number of pending tasks (O(levels)).
         """
-        if type(delay_ms) is not int:
+        if delay_ms.__class__ is not int:
             delay_ms = check_delay_ms(delay_ms)
-        if not callable(fn) and fn is not None:
+        if fn is not None and not callable(fn):
             raise TypeError(f"fn must be callable or None, got {fn!r}")
+        # TimerTask.__init__ and add(), inlined on purpose: this is the hottest
+        # path of the library, and a Python call costs ~50 ns on CPython 3.11.
+        # The task is brand new, so it cannot be cancelled, pending or in
+        # another timer, and add()'s checks for those are skipped. Keep the
+        # insertion below in step with add()
+        # (test_schedule_places_tasks_exactly_like_add compares the two).
         task = _new_task(TimerTask)
         task._delay_ms = delay_ms
         task._call = (fn, args) if args and fn is not None else fn
-        task._list = None
-        self.add(task)
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._closed:
+                raise RuntimeError(f"timer {self.name!r} is closed")
+            clock = self._manual_clock
+            if clock is not None:
+                expiration = delay_ms + clock._now_ms
+            elif self._system_clock:
+                expiration = delay_ms + _monotonic_ns() // 1_000_000
+            else:
+                expiration = delay_ms + self._now()
+            task.expiration_ms = expiration
+            wheel = self._wheel
+            if expiration >= wheel._tick_end_ms:
+                while expiration >= wheel._end_ms:
+                    wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
+                tick = wheel.tick_ms
+                virtual_id = expiration // tick
+                bucket = wheel.buckets[virtual_id % wheel.wheel_size]
+                self._counter.value += 1
+                root = bucket._root
+                tail = root._prev
+                task._next = root
+                task._prev = tail
+                task._list = bucket
+                tail._next = task  # type: ignore[union-attr]
+                root._prev = task
+                expiration = virtual_id * tick
+                if bucket._expiration_ms != expiration:
+                    bucket._expiration_ms = expiration
+                    if self._queue.offer(bucket) and self._waiting:
+                        self._cond.notify_all()
+                return task
+            task._list = None
+        finally:
+            lock.release()
+        self._dispatch([task])
         return task
 
     # -- the clock ----------------------------------------------------------
@@ -279,8 +333,9 @@ class SystemTimer:
             # Nothing due: answer without the lock (an event-time loop calls this
             # once per event). A racing add can only make a bucket due that a
             # call an instant earlier would have missed too.
+            clock = self._manual_clock
             try:
-                if queue_._heap[0][0] > self._now():
+                if queue_._heap[0][0] > (clock._now_ms if clock is not None else self._now()):
                     return False
             except IndexError:  # empty, or emptied by another thread meanwhile
                 return False
@@ -290,7 +345,8 @@ class SystemTimer:
         try:
             if self._closed:
                 return False
-            now = self._now()
+            clock = self._manual_clock
+            now = clock._now_ms if clock is not None else self._now()
             bucket = queue_.poll(now)
             if bucket is None:
                 if timeout_ms <= 0 or self._manual:
@@ -299,19 +355,20 @@ class SystemTimer:
                 if bucket is None:
                     return False
             wheel = self._wheel
-            counter = self._counter
             append = to_run.append
             # The delay queue's offer and poll, inlined (BucketDelayQueue is a heap
             # of (expiration, seq, bucket)).
             heap = queue_._heap
             seq = queue_._seq
-            due = 0
             while True:
                 expiration = bucket._expiration_ms
-                # TimingWheel.advance_clock, inlined.
+                # TimingWheel.advance_clock (and _set_current), inlined.
                 level: TimingWheel | None = wheel
-                while level is not None and expiration >= level.current_time_ms + level.tick_ms:
-                    expiration = level.current_time_ms = expiration - expiration % level.tick_ms
+                while level is not None and expiration >= level._tick_end_ms:
+                    expiration -= expiration % level.tick_ms
+                    level.current_time_ms = expiration
+                    level._tick_end_ms = expiration + level.tick_ms
+                    level._end_ms = expiration + level.interval_ms
                     level = level.overflow_wheel
                 # TimerTaskList.flush and TimingWheel.add, inlined: walk the
                 # bucket once and move each entry straight to its new place.
@@ -326,23 +383,20 @@ class SystemTimer:
                         nxt = node._next  # type: ignore[union-attr]
                         node._next = node._prev = node._list = None  # type: ignore[union-attr]
                         append(node)  # type: ignore[arg-type]
-                        due += 1
                         node = nxt
                 else:
                     # Each entry cascades to a finer level (never this one: the
                     # wheels now start at this bucket's expiration) or is due.
-                    current = wheel.current_time_ms
-                    first_tick = current + wheel.tick_ms
+                    first_tick = wheel._tick_end_ms
                     while node is not root:
                         nxt = node._next  # type: ignore[union-attr]
                         expiration = node.expiration_ms  # type: ignore[union-attr]
                         if expiration < first_tick:
                             node._next = node._prev = node._list = None  # type: ignore[union-attr]
                             append(node)  # type: ignore[arg-type]
-                            due += 1
                         else:
                             lower = wheel
-                            while expiration >= lower.current_time_ms + lower.interval_ms:
+                            while expiration >= lower._end_ms:
                                 lower = lower.overflow_wheel  # type: ignore[assignment]
                             tick = lower.tick_ms
                             virtual_id = expiration // tick
@@ -363,7 +417,8 @@ class SystemTimer:
                     bucket = heappop(heap)[2]
                 else:
                     break
-            counter.value -= due
+            # Only due tasks went to to_run: they are the ones that left the wheel.
+            self._counter.value -= len(to_run)
         finally:
             lock.release()
         if to_run:
@@ -422,17 +477,22 @@ class SystemTimer:
         """Hand due tasks to the executor. Called without the lock held."""
         if self._inline:
             plain = TimerTask
-            for task in tasks:
+            # One try around the whole batch (not one per task): after an
+            # exception is logged, the loop resumes with the next task of ``it``.
+            it = iter(tasks)
+            while True:
                 try:
-                    if task.__class__ is plain:
-                        # TimerTask.run, inlined for the common case.
-                        call = task._call
-                        if call.__class__ is tuple:
-                            call[0](*call[1])  # type: ignore[index, unused-ignore]
-                        elif call is not None:
-                            call()  # type: ignore[operator, unused-ignore]
-                    else:
-                        task.run()
+                    for task in it:
+                        if task.__class__ is plain:
+                            # TimerTask.run, inlined for the common case.
+                            call = task._call
+                            if call.__class__ is tuple:
+                                call[0](*call[1])  # type: ignore[index, unused-ignore]
+                            elif call is not None:
+                                call()  # type: ignore[operator, unused-ignore]
+                        else:
+                            task.run()
+                    return
                 except Exception:
                     logger.exception("timer task %r raised", task)
         elif self._own_executor is not None:

@@ -69,12 +69,20 @@ class TimingWheel:
     * All levels share one :class:`TaskCounter` and one delay queue.
     * Invariant: ``current`` of level k+1 is ``current`` of level k rounded down
       to level k+1's tick.
+    * ``_tick_end_ms`` (``current + tick``) and ``_end_ms`` (``current +
+      interval``) are cached so that the insertion hot paths compare an
+      expiration with one slot load instead of two loads and an addition.
+      Whoever writes ``current_time_ms`` (:meth:`advance_clock` and its inlined
+      copies in ``SystemTimer.advance_clock`` and ``AsyncTimer._run_due``) must
+      update them too (:meth:`_set_current`); ``_check`` asserts it.
     """
 
     __slots__ = (
         "_counter",
+        "_end_ms",
         "_lock",
         "_queue",
+        "_tick_end_ms",
         "buckets",
         "current_time_ms",
         "interval_ms",
@@ -101,7 +109,7 @@ class TimingWheel:
         self.tick_ms = tick_ms
         self.wheel_size = wheel_size
         self.interval_ms = tick_ms * wheel_size
-        self.current_time_ms = start_ms - (start_ms % tick_ms)
+        self._set_current(start_ms - (start_ms % tick_ms))
         self.level = level
         self._counter = task_counter
         self._queue = queue
@@ -110,6 +118,12 @@ class TimingWheel:
             TimerTaskList(task_counter, self._lock, level, index) for index in range(wheel_size)
         ]
         self.overflow_wheel: TimingWheel | None = None
+
+    def _set_current(self, current_ms: int) -> None:
+        """Set ``current_time_ms`` (a multiple of tick) and the two bounds cached from it."""
+        self.current_time_ms = current_ms
+        self._tick_end_ms = current_ms + self.tick_ms
+        self._end_ms = current_ms + self.interval_ms
 
     def _add_overflow_wheel(self) -> TimingWheel:
         """Create the next coarser level: tick = this interval, start = this current time."""
@@ -137,9 +151,9 @@ class TimingWheel:
             return False
         expiration = entry.expiration_ms
         wheel = self
-        if expiration < wheel.current_time_ms + wheel.tick_ms:
+        if expiration < wheel._tick_end_ms:
             return False
-        while expiration >= wheel.current_time_ms + wheel.interval_ms:
+        while expiration >= wheel._end_ms:
             overflow = wheel.overflow_wheel
             wheel = overflow if overflow is not None else wheel._add_overflow_wheel()
         tick = wheel.tick_ms
@@ -154,9 +168,9 @@ class TimingWheel:
     def advance_clock(self, time_ms: int) -> None:
         """Move this level and those above to ``time_ms``, rounded down to each tick. O(levels)."""
         wheel: TimingWheel | None = self
-        while wheel is not None and time_ms >= wheel.current_time_ms + wheel.tick_ms:
-            wheel.current_time_ms = time_ms - (time_ms % wheel.tick_ms)
-            time_ms = wheel.current_time_ms
+        while wheel is not None and time_ms >= wheel._tick_end_ms:
+            time_ms -= time_ms % wheel.tick_ms
+            wheel._set_current(time_ms)
             wheel = wheel.overflow_wheel
 
     def levels(self) -> list[TimingWheel]:
@@ -176,6 +190,8 @@ class TimingWheel:
             tick = wheel.tick_ms
             assert wheel.current_time_ms % tick == 0, "current time not a multiple of tick"
             assert wheel.interval_ms == tick * wheel.wheel_size
+            assert wheel._tick_end_ms == wheel.current_time_ms + tick, "stale _tick_end_ms"
+            assert wheel._end_ms == wheel.current_time_ms + wheel.interval_ms, "stale _end_ms"
             if lower is not None:
                 assert tick == lower.interval_ms, "overflow tick != lower interval"
                 expected = lower.current_time_ms - lower.current_time_ms % tick

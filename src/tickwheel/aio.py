@@ -33,6 +33,7 @@ import operator
 import time as _time_mod
 from collections.abc import Awaitable, Callable
 from heapq import heappop as _heappop
+from heapq import heappush as _heappush
 from types import TracebackType
 from typing import Any, Final, TypeVar, final
 
@@ -200,6 +201,7 @@ class AsyncTimer:
         "_queue",
         "_ready",
         "_ready_scheduled",
+        "_seq",
         "_tick_ms",
         "_time",
         "_wheel",
@@ -234,7 +236,8 @@ class AsyncTimer:
         self._tick_ms = tick_ms
         self._counter = TaskCounter()
         self._queue = BucketDelayQueue()
-        self._heap = self._queue._heap  # read directly on the fire path
+        self._heap = self._queue._heap  # the hot paths push and pop it directly
+        self._seq = self._queue._seq
         self._context = contextvars.copy_context()
         start_ms = _floor_ms(loop.time())
         self._wheel = TimingWheel(tick_ms, wheel_size, start_ms, self._counter, self._queue)
@@ -268,9 +271,51 @@ class AsyncTimer:
             delay = _check_delay(delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        if context is None:
-            return self._schedule(self._time() + delay, callback, args)
-        return self._schedule(self._time() + delay, context.run, (callback, *args))
+        if context is not None:
+            return self._schedule(self._time() + delay, context.run, (callback, *args))
+        # _schedule, inlined on purpose: call_later is the hot path and a Python
+        # call costs ~50 ns on CPython 3.11. Keep this copy in step with
+        # _schedule (test_call_later_places_handles_exactly_like_call_at).
+        if self._closed:
+            raise RuntimeError("AsyncTimer is closed")
+        when = self._time() + delay
+        handle = _new_handle(TimerHandle)
+        handle._when = when
+        handle._callback = callback
+        handle._args = args
+        m = _ceil(when * 1000.0)
+        if m / 1000 < when:
+            m += 1
+        elif (m - 1) / 1000 >= when:
+            m -= 1
+        tick = self._tick_ms
+        if tick != 1:
+            m = -(-m // tick) * tick
+        handle.expiration_ms = m
+        wheel = self._wheel
+        if m < wheel._tick_end_ms:
+            return self._add_ready(handle)
+        while m >= wheel._end_ms:
+            wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
+        tick = wheel.tick_ms
+        virtual_id = m // tick
+        bucket = wheel.buckets[virtual_id % wheel.wheel_size]
+        root = bucket._root
+        tail = root._prev
+        handle._next = root
+        handle._prev = tail
+        handle._list = bucket
+        tail._next = handle  # type: ignore[union-attr]
+        root._prev = handle
+        self._counter.value += 1
+        m = virtual_id * tick
+        if bucket._expiration_ms != m:
+            bucket._expiration_ms = m
+            # BucketDelayQueue.offer, inlined.
+            _heappush(self._heap, (m, next(self._seq), bucket))
+            if m < self._armed_ms:
+                self._arm(m)
+        return handle
 
     def call_at(
         self,
@@ -298,7 +343,10 @@ class AsyncTimer:
         callback: Callable[..., object],
         args: tuple[Any, ...],
     ) -> TimerHandle:
-        """``call_at`` without the argument checks or a context: ``when`` is a finite float."""
+        """``call_at`` without the argument checks or a context: ``when`` is a finite float.
+
+        ``call_later`` holds an inlined copy of this body (its hot path); change both.
+        """
         if self._closed:
             raise RuntimeError("AsyncTimer is closed")
         handle = _new_handle(TimerHandle)
@@ -316,9 +364,9 @@ class AsyncTimer:
             m = -(-m // tick) * tick
         handle.expiration_ms = m
         wheel = self._wheel
-        if m < wheel.current_time_ms + tick:
+        if m < wheel._tick_end_ms:
             return self._add_ready(handle)
-        while m >= wheel.current_time_ms + wheel.interval_ms:
+        while m >= wheel._end_ms:
             wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
         tick = wheel.tick_ms
         virtual_id = m // tick
@@ -331,12 +379,13 @@ class AsyncTimer:
         tail._next = handle  # type: ignore[union-attr]
         root._prev = handle
         self._counter.value += 1
-        expiration = virtual_id * tick
-        if bucket._expiration_ms != expiration:
-            bucket._expiration_ms = expiration
-            self._queue.offer(bucket)
-            if expiration < self._armed_ms:
-                self._arm(expiration)
+        m = virtual_id * tick
+        if bucket._expiration_ms != m:
+            bucket._expiration_ms = m
+            # BucketDelayQueue.offer, inlined.
+            _heappush(self._heap, (m, next(self._seq), bucket))
+            if m < self._armed_ms:
+                self._arm(m)
         return handle
 
     def _add_ready(self, handle: TimerHandle) -> TimerHandle:
@@ -395,18 +444,27 @@ class AsyncTimer:
             self._ready = []
         heap = self._heap
         if heap and heap[0][0] <= now_ms:
-            # BucketDelayQueue.poll, TimerTaskList.flush and TimingWheel.add inlined:
-            # the queue is a heap of (expiration, seq, bucket).
+            # BucketDelayQueue.poll and offer, TimingWheel.advance_clock,
+            # TimerTaskList.flush and TimingWheel.add inlined: the queue is a heap
+            # of (expiration, seq, bucket).
             if not to_run:
                 to_run = []
             append = to_run.append
             wheel0 = self._wheel
-            advance = wheel0.advance_clock
-            counter = self._counter
-            offer = self._queue.offer
+            seq = self._seq
+            moved_out = 0
             while heap and heap[0][0] <= now_ms:
                 bucket = _heappop(heap)[2]
-                advance(bucket._expiration_ms)
+                # TimingWheel.advance_clock: each level to the bucket's start,
+                # rounded down to its tick.
+                m = bucket._expiration_ms
+                wheel: Any = wheel0
+                while wheel is not None and m >= wheel._tick_end_ms:
+                    m -= m % wheel.tick_ms
+                    wheel.current_time_ms = m
+                    wheel._tick_end_ms = m + wheel.tick_ms
+                    wheel._end_ms = m + wheel.interval_ms
+                    wheel = wheel.overflow_wheel
                 root = bucket._root
                 node: Any = root._next
                 root._next = root._prev = root
@@ -417,21 +475,22 @@ class AsyncTimer:
                         nxt = node._next
                         node._next = node._prev = node._list = None
                         append(node)
-                        counter.value -= 1
+                        moved_out += 1
                         node = nxt
                     continue
                 # A coarser bucket: cascade each entry down to the level that now covers it.
+                first_tick = wheel0._tick_end_ms
                 while node is not root:
                     nxt = node._next
                     m = node.expiration_ms
-                    wheel: Any = wheel0
-                    if m < wheel.current_time_ms + wheel.tick_ms:
+                    if m < first_tick:
                         node._next = node._prev = node._list = None
                         append(node)
-                        counter.value -= 1
+                        moved_out += 1
                         node = nxt
                         continue
-                    while m >= wheel.current_time_ms + wheel.interval_ms:
+                    wheel = wheel0
+                    while m >= wheel._end_ms:
                         wheel = wheel.overflow_wheel
                     tick = wheel.tick_ms
                     virtual_id = m // tick
@@ -443,11 +502,12 @@ class AsyncTimer:
                     node._list = target
                     tail._next = node
                     troot._prev = node
-                    expiration = virtual_id * tick
-                    if target._expiration_ms != expiration:
-                        target._expiration_ms = expiration
-                        offer(target)
+                    m = virtual_id * tick
+                    if target._expiration_ms != m:
+                        target._expiration_ms = m
+                        _heappush(heap, (m, next(seq), target))
                     node = nxt
+            self._counter.value -= moved_out
         # Re-arm for the new head before running callbacks, which may add timers.
         if heap:
             if self._counter.value == 0:
