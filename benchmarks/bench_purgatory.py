@@ -8,7 +8,9 @@ completion latency is drawn from a log-normal distribution fixed by its median
 thread* calls ``force_complete()`` when that latency has passed, and a request
 whose latency is not below the timeout is left to expire through the
 purgatory's ``ExpirationReaper`` thread. As in Kafka's test, completed requests
-stay in the watcher lists until the reaper purges them.
+stay in the watcher lists until the reaper purges them. The generator and the
+completion thread wake every ``--pace-ms`` (1 ms, Kafka's clock resolution) and
+handle everything due by then (see ``run_kafka_workload``).
 
 Reported: the achieved request rate, the process CPU time per request
 (``time.process_time``: all threads, the generator and the completion thread
@@ -63,21 +65,31 @@ from tickwheel import (
 
 
 class FakeOperation(DelayedOperation):
-    """Kafka's FakeOperation: completes when its completion thread says so."""
+    """Kafka's FakeOperation: completes when its completion thread says so.
 
-    __slots__ = ("created_ns", "done_ns", "latency_ms")
+    ``completes_at_ms`` is Kafka's ``completesAt``: creation time plus latency,
+    on a millisecond clock (``perf_counter_ns() // 1_000_000``).
+    """
+
+    __slots__ = ("completes_at_ms", "created_ns", "done_ns")
 
     def __init__(self, timeout_ms: int, latency_ms: int, lock: Any = None) -> None:
-        super().__init__(timeout_ms, lock)
-        self.latency_ms = latency_ms
-        self.created_ns = time.perf_counter_ns()
+        # DelayedOperation.__init__ called directly: super() costs a lookup per request.
+        _op_init(self, timeout_ms, lock)
+        created = _now_ns()
+        self.created_ns = created
+        self.completes_at_ms = created // 1_000_000 + latency_ms
         self.done_ns = 0
 
     def try_complete(self) -> bool:
         return False  # only the completion thread completes it (force_complete)
 
     def on_complete(self) -> None:
-        self.done_ns = time.perf_counter_ns()
+        self.done_ns = _now_ns()
+
+
+_op_init = DelayedOperation.__init__
+_now_ns = time.perf_counter_ns
 
 
 # -- the peer timer: heapq with lazy cancellation ----------------------------------------
@@ -157,7 +169,23 @@ def lognormal_latencies(n: int, pct50: float, pct75: float, rng: random.Random) 
 
 
 def run_kafka_workload(timer: SystemTimer, args: argparse.Namespace, rate: float) -> dict[str, Any]:
-    """Run the workload on ``timer`` at ``rate`` requests/s (0: as fast as possible)."""
+    """Run the workload on ``timer`` at ``rate`` requests/s (0: as fast as possible).
+
+    How the harness paces (its own CPU counts, as in Kafka's test, so it wakes
+    as little as the workload allows):
+
+    * the generator (this thread) wakes every ``--pace-ms`` and issues, back to
+      back, every request due by then at the target rate (Kafka's generator
+      sleeps whole milliseconds whenever it is ahead, so it too issues the
+      requests of one millisecond back to back);
+    * the completion thread keeps the requests to complete in a calendar (a
+      list per due millisecond, and a heap of those milliseconds: Kafka's
+      ``DelayQueue`` ordered by ``completesAt``). It sleeps until the earliest
+      due millisecond, but at least ``--pace-ms`` and, while requests are still
+      being generated, at most ``--pace-ms`` (a new request may be due sooner);
+      on waking it force-completes every request due by then, so a completion
+      is late by at most about ``--pace-ms``.
+    """
     rng = random.Random(args.seed)
     n = args.requests
     latencies = lognormal_latencies(n, args.pct50, args.pct75, rng)
@@ -165,53 +193,67 @@ def run_kafka_workload(timer: SystemTimer, args: argparse.Namespace, rate: float
     purgatory: DelayedOperationPurgatory[FakeOperation] = DelayedOperationPurgatory(
         "bench", timer=timer, purge_interval=args.purge_interval
     )
-    # The generator appends, the completion thread pops: deque operations are
-    # atomic, and nobody is woken per request (the completion thread polls
-    # every millisecond, like a timer tick).
-    completions: collections.deque[FakeOperation] = collections.deque()
+    # The generator appends a batch, the completion thread pops it: deque
+    # operations are atomic, and nobody is woken per request.
+    handoff: collections.deque[list[FakeOperation]] = collections.deque()
     ops: list[FakeOperation] = []
     timeout_ms = args.timeout_ms
+    pace_s = args.pace_ms / 1000
     generating = threading.Event()
     generating.set()
 
     def completion_thread() -> None:
-        pending: list[tuple[int, int, FakeOperation]] = []
-        seq = itertools.count()
-        popleft = completions.popleft
-        while generating.is_set() or pending or completions:
-            while completions:
-                op = popleft()
-                due = op.created_ns + op.latency_ms * 1_000_000
-                heapq.heappush(pending, (due, next(seq), op))
-            now = time.perf_counter_ns()
-            while pending and pending[0][0] <= now:
-                heapq.heappop(pending)[2].force_complete()
-            time.sleep(0.001)
+        calendar: dict[int, list[FakeOperation]] = {}  # due ms -> requests
+        due_heap: list[int] = []  # the keys of calendar
+        popleft = handoff.popleft
+        sleep = time.sleep
+        now_ns = time.perf_counter_ns
+        while generating.is_set() or calendar or handoff:
+            while handoff:
+                for op in popleft():
+                    due = op.completes_at_ms
+                    bucket = calendar.get(due)
+                    if bucket is None:
+                        calendar[due] = [op]
+                        heapq.heappush(due_heap, due)
+                    else:
+                        bucket.append(op)
+            now_ms = now_ns() // 1_000_000
+            while due_heap and due_heap[0] <= now_ms:
+                for op in calendar.pop(heapq.heappop(due_heap)):
+                    op.force_complete()
+            if due_heap and not generating.is_set():
+                sleep(max(pace_s, min(0.1, (due_heap[0] - now_ms) / 1000)))
+            else:
+                sleep(pace_s)
 
     completer = threading.Thread(target=completion_thread, name="completion", daemon=True)
     gc.collect()
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
     completer.start()
-    put = completions.append
+    put = handoff.append
     watch = purgatory.try_complete_else_watch
+    make_op = FakeOperation
+    keep = ops.append
+    sleep = time.sleep
+    clock = time.perf_counter
     issued = 0
     while issued < n:
-        # Issue every request due by now at the target rate (Kafka's generator
-        # paces each request; at tens of thousands per second Python paces batches).
-        if rate > 0:
-            target = min(n, int((time.perf_counter() - wall0) * rate) + 1)
-        else:
-            target = min(n, issued + 1000)
+        # Issue every request due by now at the target rate (as fast as possible: 1000).
+        target = min(n, int((clock() - wall0) * rate) + 1 if rate > 0 else issued + 1000)
+        batch: list[FakeOperation] = []
         while issued < target:
             latency = latencies[issued]
-            op = FakeOperation(timeout_ms, latency)
-            ops.append(op)
+            op = make_op(timeout_ms, latency)
+            keep(op)
             watch(op, key_sets[issued & 4095])
             if latency < timeout_ms:
-                put(op)
+                batch.append(op)
             issued += 1
-        time.sleep(0.001 if rate > 0 else 0)
+        if batch:
+            put(batch)
+        sleep(pace_s if rate > 0 else 0)
     gen_wall = time.perf_counter() - wall0
     generating.clear()
     deadline = time.monotonic() + timeout_ms / 1000 + 30
@@ -330,6 +372,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pct50", type=float, default=50.0, help="median latency, ms")
     parser.add_argument("--pct75", type=float, default=100.0, help="75th percentile, ms")
     parser.add_argument("--purge-interval", type=int, default=1000)
+    parser.add_argument(
+        "--pace-ms",
+        type=float,
+        default=1.0,
+        help="how often the generator and the completion thread wake, ms",
+    )
     parser.add_argument("--det-ops", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=42)

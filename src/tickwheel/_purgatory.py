@@ -32,6 +32,7 @@ Ground rules
 
 from __future__ import annotations
 
+import _thread
 import logging
 import threading
 from abc import ABCMeta, abstractmethod
@@ -61,7 +62,10 @@ _STATE_LOCK = threading.Lock()
 _state_acquire = _STATE_LOCK.acquire
 _state_release = _STATE_LOCK.release
 
-_new_rlock = threading.RLock
+# The C RLock class itself: threading.RLock() is a Python function that returns an
+# instance of it, and calling the class directly costs ~90 ns instead of ~220 ns
+# (paid once per op created without a lock).
+_new_rlock = _thread.RLock
 _LOCK_TYPES = frozenset({type(threading.Lock()), type(threading.RLock())})
 
 
@@ -377,13 +381,15 @@ class DelayedOperationPurgatory(Generic[T]):
         ``keys`` is a non-empty sequence of hashable keys, matched by value. An op
         that is no longer pending is not watched again (returns False).
         """
-        if not keys or isinstance(keys, _STR_TYPES):
+        keys_class = keys.__class__
+        if (keys_class is not tuple and keys_class is not list) or not keys:
             if isinstance(keys, _STR_TYPES):
                 raise TypeError(
                     f"keys must be a sequence of keys, not {type(keys).__name__} {keys!r}; "
                     "wrap a single key in a list"
                 )
-            raise ValueError("keys must not be empty: an op needs at least one watch key")
+            if not keys:
+                raise ValueError("keys must not be empty: an op needs at least one watch key")
         if self._shutdown:
             raise RuntimeError(f"purgatory {self.name!r} is shut down")
         if op._state:
@@ -391,13 +397,39 @@ class DelayedOperationPurgatory(Generic[T]):
         op._purgatory = self
         if type(op).safe_try_complete_or_else is _SAFE_TRY_COMPLETE_OR_ELSE:
             # op.safe_try_complete_or_else(lambda: self._watch(op, keys)), inlined
-            # (the same steps, without a closure per call): this is the hot path.
+            # with _watch inlined too (the same steps, without a closure and two
+            # calls per request): this is the hot path.
             lock = op.lock
             lock.acquire()
             try:
                 if op.try_complete():
                     return True
-                self._watch(op, keys)
+                shards = self._shards
+                watched = False
+                for key in keys:
+                    if op._state:
+                        break
+                    try:
+                        shard = shards[hash(key) % SHARDS]
+                    except TypeError:
+                        raise TypeError(f"watch key {key!r} is not hashable") from None
+                    shard_lock = shard.lock
+                    shard_lock.acquire()
+                    try:
+                        watchers = shard.watchers
+                        ops = watchers.get(key)
+                        if ops is None:
+                            watchers[key] = op  # a lone op is stored as is
+                        elif ops.__class__ is list:
+                            ops.append(op)
+                        else:
+                            watchers[key] = [ops, op]  # type: ignore[list-item]
+                        shard.count += 1
+                    finally:
+                        shard_lock.release()
+                    watched = True
+                if watched:
+                    self._estimated_total += 1
                 if op.try_complete():
                     return True
             finally:
@@ -412,7 +444,11 @@ class DelayedOperationPurgatory(Generic[T]):
         return False
 
     def _watch(self, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
-        """Add ``op`` to the watcher list of each key, stopping once it has completed."""
+        """Add ``op`` to the watcher list of each key, stopping once it has completed.
+
+        The action of ``safe_try_complete_or_else`` for an op that overrides it;
+        ``try_complete_else_watch`` inlines the same steps for the others.
+        """
         shards = self._shards
         watched = False
         for key in keys:
@@ -429,10 +465,10 @@ class DelayedOperationPurgatory(Generic[T]):
                 ops = watchers.get(key)
                 if ops is None:
                     watchers[key] = op  # a lone op is stored as is
-                elif isinstance(ops, list):
+                elif ops.__class__ is list:
                     ops.append(op)
                 else:
-                    watchers[key] = [ops, op]
+                    watchers[key] = [ops, op]  # type: ignore[list-item]
                 shard.count += 1
             finally:
                 lock.release()
