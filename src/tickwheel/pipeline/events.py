@@ -126,16 +126,22 @@ def parse_records(records: DataFrame, rules: Rules) -> DataFrame:
         .when(time_text.rlike(ISO_PATTERN), F.unix_millis(time_text.try_cast("timestamp")))
         .otherwise(F.lit(None).cast("long"))
     )
-    time_ok = time_ms.isNotNull() & (time_ms >= 0) & (time_ms <= MAX_TIME_MS)
     if cfg.sequence is not None:
         seq_text = F.col(f"f_{cfg.sequence}")
-        seq = (
+        seq_value = (
             F.when(_missing(seq_text), F.lit(0).cast("long"))
             .when(seq_text.rlike(INT_PATTERN), seq_text.try_cast("long"))
             .otherwise(F.lit(None).cast("long"))
         )
     else:
-        seq = F.lit(0).cast("long")
+        seq_value = F.lit(0).cast("long")
+    # The time and the sequence (regular expressions and casts) are computed once
+    # per record in this projection; the checks below only read the columns.
+    # Spark keeps the two projections apart because the expressions are not cheap.
+    records = records.select("*", time_ms.alias("_time"), seq_value.alias("_seq"))
+    time_col = F.col("_time")
+    seq = F.col("_seq")
+    time_ok = time_col.isNotNull() & (time_col >= 0) & (time_col <= MAX_TIME_MS)
     reason = (
         F.when(F.col("malformed"), F.lit("malformed"))
         .when(_missing(id_col), F.lit(f"missing_field:{cfg.id}"))
@@ -155,7 +161,7 @@ def parse_records(records: DataFrame, rules: Rules) -> DataFrame:
         reason.alias("reason"),
         F.when(~_missing(id_col), id_col).alias("event_id"),
         type_col.alias("event_type"),
-        time_ms.alias("time"),
+        time_col.alias("time"),
         seq.alias("seq"),
         *[F.col(f"f_{name}").alias(key_column(i)) for i, name in enumerate(rules.key_fields)],
         type_col.isin(list(rules.event_types)).alias("relevant"),

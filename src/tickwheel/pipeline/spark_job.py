@@ -5,14 +5,18 @@
    text): the first row is kept, copies with the same content are counted as
    duplicates, copies with other content go to ``rejected/`` as ``conflict``.
 3. **Repartition** the events of each rule by the hash of (rule, key), so all
-   events of a key meet in one partition.
+   events of a key meet in one partition; the other records (rejected,
+   duplicates, ignored) ride along, keyed by their event id.
 4. **Sort within partitions** by (time, sequence, event id, rule).
 5. **mapInArrow**: each partition runs one :class:`~.core.PartitionProcessor`,
-   one purgatory on one timing wheel on an event-time clock, up to the global
-   watermark computed beforehand.
-6. **Write** ``outcomes/``, ``unmatched/``, ``rejected/``, ``buffered/`` and
-   ``summary.json``.
+   one purgatory on one timing wheel on an event-time clock, over all its
+   events; the rows are persisted.
+6. **Finalise** the rows with the global watermark (the largest kept event
+   time of all partitions, minus the allowed lateness; see :func:`_finalise`)
+   and **write** ``outcomes/``, ``unmatched/``, ``rejected/``, ``buffered/``
+   and ``summary.json``.
 
+Steps 1–5 are one Spark job; step 6 is five small jobs over the persisted rows.
 Nothing here is specific to a local master: the job runs unchanged on a
 cluster, as the separate-JVM test shows.
 """
@@ -150,13 +154,36 @@ def _watch_stages(
             last = line
 
 
+# Record classes after dedup (column ``c`` of the frame that enters mapInArrow).
+C_EVENT = 0  # kept event of a type some rule uses: one row per such rule
+C_IGNORED = 1  # kept event of a type no rule uses: counted, its time raises the watermark
+C_DUPLICATE = 2  # a copy with the kept record's content: counted only
+C_CONFLICT = 3  # a copy with other content: rejected, reason "conflict"
+C_REJECTED = 4  # invalid record: rejected with its reason
+
+_PROC_COLUMNS = ("rule", "key", "time", "seq", "event_id", "kind", "event_type")
+
+
 def _process_partition(
-    rules: Rules, watermark: int
+    rules: Rules, lateness_ms: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function: one PartitionProcessor per partition."""
+    """The mapInArrow function: one PartitionProcessor per partition.
+
+    The global watermark is not known yet when this runs (it is the largest
+    kept event time of all partitions), so every event is applied and the
+    driver finalises the rows afterwards with the watermark ``W`` (see
+    :func:`_finalise`). That is exact because a partition applies its events in
+    time order: everything at or below ``W`` happens exactly as in a run that
+    stops at ``W``. To let the driver find the events above ``W`` (the
+    ``buffered`` output), the events above this partition's own lower bound of
+    ``W`` (its largest event time minus the lateness) are also yielded, as
+    ``k="b"`` rows. Non-event rows (``c`` > 0) are counted here; rejected and
+    conflicting records pass through as ``k="r"`` rows without a Python loop.
+    """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
 
         from .core import PartitionProcessor
 
@@ -164,28 +191,51 @@ def _process_partition(
         schema = _union_schema(pa)
         loop_s = 0.0  # wall time of the loop
         loop_cpu = 0.0  # CPU time of this thread in the loop: robust to a busy machine
-        events = 0
+        events = kept = duplicates = ignored = 0
+        max_time: int | None = None  # the largest kept event time seen here
+        tail: list[Any] = []  # event batches that may hold events above the watermark
         proc = PartitionProcessor(rules)
         perf = time.perf_counter
         cpu = time.thread_time
         try:
             for batch in batches:
-                cols = [c.to_pylist() for c in batch.columns]
+                cls = batch.column("c")
+                if pc.all(pc.equal(cls, C_EVENT)).as_py():
+                    ev = batch
+                else:
+                    ev = batch.filter(pc.equal(cls, C_EVENT))
+                    other = batch.filter(pc.not_equal(cls, C_EVENT))
+                    codes = other.column("c")
+                    duplicates += pc.sum(pc.equal(codes, C_DUPLICATE)).as_py() or 0
+                    is_ignored = pc.equal(codes, C_IGNORED)
+                    n_ignored = pc.sum(is_ignored).as_py() or 0
+                    if n_ignored:
+                        ignored += n_ignored
+                        top = pc.max(pc.filter(other.column("time"), is_ignored)).as_py()
+                        max_time = top if max_time is None else max(max_time, top)
+                    rej = other.filter(pc.greater_equal(codes, C_CONFLICT))
+                    if rej.num_rows:
+                        yield _batch(pa, schema, "r", pa.nulls(rej.num_rows, pa.int32()), None,
+                                     rej.column("event_id"), None, None, rej.column("reason"),
+                                     None, rej.column("raw"))  # fmt: skip
+                if not ev.num_rows:
+                    continue
+                kept += pc.sum(pc.equal(ev.column("p"), 0)).as_py() or 0
+                cols = [ev.column(name).to_pylist() for name in _PROC_COLUMNS]
                 t, c = perf(), cpu()
-                proc.process(zip(*cols, strict=True), watermark)
+                proc.process(zip(*cols, strict=True))
                 loop_s += perf() - t
                 loop_cpu += cpu() - c
-                events += batch.num_rows
+                events += ev.num_rows
+                top = cols[2][-1]  # events come sorted by time
+                max_time = top if max_time is None else max(max_time, top)
+                floor = top - lateness_ms
+                tail.append(ev)
+                while tail and tail[0].column("time")[-1].as_py() <= floor:
+                    tail.pop(0)
                 outcomes = proc.take_outcomes()
                 if outcomes:
                     yield _outcome_batch(pa, schema, outcomes, pending=False)
-            t, c = perf(), cpu()
-            proc.finish(watermark)
-            loop_s += perf() - t
-            loop_cpu += cpu() - c
-            outcomes = proc.take_outcomes()
-            if outcomes:
-                yield _outcome_batch(pa, schema, outcomes, pending=False)
             pending = proc.pending_operations()
             if pending:
                 yield _outcome_batch(pa, schema, pending, pending=True)
@@ -195,20 +245,21 @@ def _process_partition(
                 yield _batch(
                     pa, schema, "u", rule, key, event_id, event_time, None, reason, None, event_type
                 )
-            buffered = proc.buffered_events()
-            if buffered:
-                rule, key, time_, seq, event_id, _kind, event_type = zip(*buffered, strict=True)
-                yield _batch(
-                    pa, schema, "b", rule, key, event_id, time_, seq, None, None, event_type
-                )
+            if tail and max_time is not None:
+                floor = max_time - lateness_ms
+                for ev in tail:
+                    above = ev.filter(pc.greater(ev.column("time"), floor))
+                    if above.num_rows:
+                        yield _batch(pa, schema, "b", above.column("rule"), above.column("key"),
+                                     above.column("event_id"), above.column("time"),
+                                     above.column("seq"), None, None,
+                                     above.column("event_type"))  # fmt: skip
             stats = {
                 "events": events,
-                "applied": proc.events_applied,
-                "buffered": proc.events_buffered,
-                "unmatched": {
-                    reason: sum(1 for row in unmatched if row[5] == reason)
-                    for reason in ("after_expiry", "no_operation")
-                },
+                "kept": kept,
+                "duplicates": duplicates,
+                "ignored": ignored,
+                "max_time": max_time,
                 "loop_seconds": loop_s,
                 "loop_cpu_seconds": loop_cpu,
                 "udf_seconds": time.perf_counter() - started,
@@ -242,7 +293,12 @@ def _batch(pa: Any, schema: Any, k: str, rule: Any, key: Any, id_: Any, t0: Any,
     n = len(rule)
     arrays = []
     for value, field in zip((rule, key, id_, t0, t1, s, t2, ref), list(schema)[1:], strict=True):
-        arrays.append(pa.nulls(n, field.type) if value is None else pa.array(value, field.type))
+        if value is None:
+            arrays.append(pa.nulls(n, field.type))
+        elif isinstance(value, pa.Array):  # an input column passed through: no Python loop
+            arrays.append(value if value.type == field.type else value.cast(field.type))
+        else:
+            arrays.append(pa.array(value, field.type))
     return pa.RecordBatch.from_arrays([pa.array([k] * n, pa.string()), *arrays], schema=schema)
 
 
@@ -262,34 +318,117 @@ def _rule_name(rules: Rules) -> Any:
     return F.element_at(F.array(*[F.lit(n) for n in rules.names]), F.col("rule") + 1)
 
 
-def _events_for_rules(events: DataFrame, rules: Rules) -> DataFrame:
-    """One row per (event, rule that uses its type): rule, key, time, seq, id, kind, type."""
+def _classify(parsed: DataFrame, rules: Rules) -> DataFrame:
+    """Deduplicate by event id and give each record its class ``c`` (``C_*``).
+
+    One window over every record, so the input is read and parsed once: valid
+    records (reason null) are ranked per event id by (time, sequence, raw text);
+    invalid ones fall in windows of their own reason and are all rejected. Raw
+    text is kept only where an output needs it (rejected records).
+    """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    frames = []
+    key_cols = [key_column(i) for i in range(len(rules.key_fields))]
+    content = F.struct("event_type", "time", "seq", *key_cols)
+    window = Window.partitionBy("reason", "event_id").orderBy("time", "seq", "raw")
+    ranked = parsed.select(
+        "*",
+        F.row_number().over(window).alias("rn"),
+        F.first(content).over(window).alias("kept"),
+    )
+    cls = (
+        F.when(F.col("reason").isNotNull(), F.lit(C_REJECTED))
+        .when(
+            F.col("rn") == 1,
+            F.when(F.col("relevant"), F.lit(C_EVENT)).otherwise(F.lit(C_IGNORED)),
+        )
+        .when(F.col("kept") == content, F.lit(C_DUPLICATE))
+        .otherwise(F.lit(C_CONFLICT))
+    )
+    return ranked.select(
+        cls.cast("int").alias("c"),
+        F.when(cls == C_CONFLICT, F.lit("conflict")).otherwise(F.col("reason")).alias("reason"),
+        F.when(cls >= C_CONFLICT, F.col("raw")).alias("raw"),
+        "event_id",
+        "event_type",
+        "time",
+        "seq",
+        *key_cols,
+    )
+
+
+def _rows_for_processor(classified: DataFrame, rules: Rules) -> DataFrame:
+    """One row per (kept event, rule that uses its type), one per other record.
+
+    Columns: rule, key, time, seq, event_id, kind, event_type (what the
+    processor takes) and c, p (0 on the first row of an event: counts events
+    once), reason, raw. A record that is not a rule event gets
+    ``rule = -1`` and its event id as key, so those rows spread over the
+    partitions too.
+    """
+    from pyspark.sql import functions as F
+
     key_index = {name: i for i, name in enumerate(rules.key_fields)}
-    for index, rule in enumerate(rules.rules):
-        kind = (
+
+    def kind_of(rule_index: int) -> Any:
+        rule = rules.rules[rule_index]
+        return (
             F.when(F.col("event_type").isin(list(rule.open)), F.lit(KIND_OPEN))
             .when(F.col("event_type").isin(list(rule.complete)), F.lit(KIND_COMPLETE))
             .otherwise(F.lit(KIND_CANCEL))
         )
-        types = [*rule.open, *rule.complete, *rule.cancel]
-        frames.append(
-            events.filter(F.col("event_type").isin(types)).select(
-                F.lit(index).cast("int").alias("rule"),
-                F.col(key_column(key_index[rule.key])).alias("key"),
-                "time",
-                "seq",
-                "event_id",
-                kind.cast("int").alias("kind"),
-                "event_type",
-            )
+
+    is_event = F.col("c") == C_EVENT
+    if len(rules.rules) == 1:
+        rule_col = F.when(is_event, F.lit(0)).otherwise(F.lit(-1))
+        key_col = F.when(is_event, F.col(key_column(key_index[rules.rules[0].key]))).otherwise(
+            F.col("event_id")
         )
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame)
-    return out
+        kind_col = F.when(is_event, kind_of(0)).otherwise(F.lit(-1))
+        frame = classified.select(
+            "*",
+            rule_col.alias("_r"),
+            key_col.alias("_k"),
+            kind_col.alias("_i"),
+            F.lit(0).alias("_p"),
+        )
+    else:
+        # One entry per rule that uses the type; explode is a single pass, unlike
+        # a union of one filtered copy per rule.
+        entries = [
+            F.when(
+                F.col("event_type").isin([*rule.open, *rule.complete, *rule.cancel]),
+                F.struct(
+                    F.lit(index).alias("r"),
+                    F.col(key_column(key_index[rule.key])).alias("k"),
+                    kind_of(index).alias("i"),
+                ),
+            )
+            for index, rule in enumerate(rules.rules)
+        ]
+        other = F.array(
+            F.struct(F.lit(-1).alias("r"), F.col("event_id").alias("k"), F.lit(-1).alias("i"))
+        )
+        chosen = F.when(is_event, F.filter(F.array(*entries), lambda e: e.isNotNull())).otherwise(
+            other
+        )
+        frame = classified.select("*", F.posexplode(chosen).alias("_p", "_e")).select(
+            "*", F.col("_e.r").alias("_r"), F.col("_e.k").alias("_k"), F.col("_e.i").alias("_i")
+        )
+    return frame.select(
+        F.col("_r").cast("int").alias("rule"),
+        F.col("_k").alias("key"),
+        "time",
+        "seq",
+        "event_id",
+        F.col("_i").cast("int").alias("kind"),
+        "event_type",
+        "c",
+        F.col("_p").cast("int").alias("p"),
+        "reason",
+        "raw",
+    )
 
 
 def _write(frame: DataFrame, path: str, fmt: str) -> None:
@@ -302,6 +441,69 @@ def _write(frame: DataFrame, path: str, fmt: str) -> None:
         writer.json(path)
     else:
         raise ValueError(f"output format must be parquet, csv or json, got {fmt!r}")
+
+
+def _finalise(results: DataFrame, rules: Rules, watermark: int | None) -> dict[str, DataFrame]:
+    """The outputs from mapInArrow's rows, given the global watermark ``W``.
+
+    The partitions applied every event (the watermark was not known yet); a run
+    that stops at ``W`` differs only above it, so:
+
+    * an operation opened above ``W`` does not exist yet (its event is buffered);
+    * one resolved above ``W`` (by an event, or its deadline) is still ``pending``;
+    * one still pending whose deadline is at or before ``W`` has expired then;
+    * an unmatched event above ``W`` is buffered, not unmatched;
+    * the ``b`` rows above ``W`` are the buffered events.
+    """
+    from pyspark.sql import functions as F
+
+    w = F.lit(watermark).cast("long")
+    name = _rule_name(rules)
+    k, s, t0, t1, t2 = F.col("k"), F.col("s"), F.col("t0"), F.col("t1"), F.col("t2")
+    expires = (s == "pending") & (t1 <= w)
+    reopened = (s != "pending") & (t2 > w)
+    resolved_at = F.when(expires, t1).when(reopened, F.lit(None).cast("long")).otherwise(t2)
+    outcomes = results.filter((k == "o") & (t0 <= w)).select(
+        name.alias("rule"),
+        "key",
+        F.col("id").alias("op_id"),
+        t0.alias("opened_at"),
+        t1.alias("deadline"),
+        F.when(expires, F.lit("expired"))
+        .when(reopened, F.lit("pending"))
+        .otherwise(s)
+        .alias("outcome"),
+        resolved_at.alias("resolved_at"),
+        (resolved_at - t0).alias("latency_ms"),
+        F.when(reopened, F.lit(None).cast("string"))
+        .otherwise(F.col("ref"))
+        .alias("resolve_event_id"),
+    )
+    unmatched = results.filter((k == "u") & (t0 <= w)).select(
+        name.alias("rule"),
+        "key",
+        F.col("id").alias("event_id"),
+        F.col("ref").alias("event_type"),
+        t0.alias("event_time"),
+        s.alias("reason"),
+    )
+    buffered = results.filter((k == "b") & (t0 > w)).select(
+        name.alias("rule"),
+        "key",
+        F.col("id").alias("event_id"),
+        F.col("ref").alias("event_type"),
+        t0.alias("event_time"),
+        t1.alias("seq"),
+    )
+    rejected = results.filter(k == "r").select(
+        F.col("id").alias("event_id"), s.alias("reason"), F.col("ref").alias("raw")
+    )
+    return {
+        "outcomes": outcomes,
+        "unmatched": unmatched,
+        "rejected": rejected,
+        "buffered": buffered,
+    }
 
 
 def run_job(
@@ -318,9 +520,15 @@ def run_job(
     ``partitions`` is the number of key-hash partitions (default: Spark's default
     parallelism). ``progress`` receives one line per phase with counts and the
     elapsed time.
+
+    Cost: one Spark job reads, parses, deduplicates (one shuffle by event id),
+    repartitions by key (a second shuffle) and runs the purgatory, keeping its
+    rows in memory; the outputs and the summary are then small jobs over those
+    rows, run concurrently.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from pyspark import StorageLevel
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     if output_format not in ("parquet", "csv", "json"):
@@ -343,6 +551,7 @@ def run_job(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = resolve_inputs(input_path, rules.input.format)
+    lateness = rules.input.allowed_lateness_ms
     old_shuffle = str(spark.conf.get("spark.sql.shuffle.partitions"))
     spark.conf.set("spark.sql.shuffle.partitions", str(max(partitions, 2)))
     stop_watch = threading.Event()
@@ -357,176 +566,125 @@ def run_job(
     say(f"[    0.0s] reading {len(files)} {rules.input.format} file(s) from {input_path}")
     try:
         parsed = parse_records(read_records(spark, files, rules), rules)
-        key_cols = [key_column(i) for i in range(len(rules.key_fields))]
-        content = F.struct("event_type", "time", "seq", *key_cols)
-        # One window over every record, so the input is read and parsed once:
-        # valid records (reason null) are ranked per event id; invalid ones fall
-        # in windows of their own reason and are all rejected.
-        window = Window.partitionBy("reason", "event_id").orderBy("time", "seq", "raw")
-        ranked = parsed.select(
-            "*",
-            F.row_number().over(window).alias("rn"),
-            F.first(content).over(window).alias("kept"),
+        rows = _rows_for_processor(_classify(parsed, rules), rules)
+        results = (
+            rows.repartition(partitions, "rule", "key")
+            .sortWithinPartitions("time", "seq", "event_id", "rule")
+            .mapInArrow(_process_partition(rules, lateness), UNION_DDL)
+            .persist(StorageLevel.MEMORY_AND_DISK)
         )
-        cls = (
-            F.when(F.col("reason").isNotNull(), F.lit("rejected"))
-            .when(F.col("rn") == 1, F.lit("event"))
-            .when(F.col("kept") == content, F.lit("duplicate"))
-            .otherwise(F.lit("conflict"))
-        )
-        # Raw text is kept only where an output needs it (rejected records).
-        classified = ranked.select(
-            cls.alias("cls"),
-            F.when(cls == "conflict", F.lit("conflict")).otherwise(F.col("reason")).alias("reason"),
-            F.when(cls.isin("conflict", "rejected"), F.col("raw")).alias("raw"),
-            "event_id",
-            "event_type",
-            "time",
-            "seq",
-            *key_cols,
-            F.coalesce(F.col("relevant") & F.col("reason").isNull(), F.lit(False)).alias(
-                "relevant"
-            ),
-        ).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            counts_rows = (
-                classified.groupBy("cls", "reason", "relevant")
-                .agg(F.count(F.lit(1)).alias("n"), F.max("time").alias("max_time"))
-                .collect()
-            )
-            by_cls: dict[str, int] = {}
-            rejected_by_reason: dict[str, int] = {}
-            relevant = ignored = 0
-            max_time: int | None = None
-            for row in counts_rows:
-                by_cls[row["cls"]] = by_cls.get(row["cls"], 0) + row["n"]
-                if row["reason"] is not None:
-                    rejected_by_reason[row["reason"]] = (
-                        rejected_by_reason.get(row["reason"], 0) + row["n"]
-                    )
-                if row["cls"] == "event":
-                    if row["relevant"]:
-                        relevant += row["n"]
-                    else:
-                        ignored += row["n"]
-                    if row["max_time"] is not None:
-                        max_time = max(max_time or row["max_time"], row["max_time"])
-            watermark = None if max_time is None else max_time - rules.input.allowed_lateness_ms
+            stats_rows = [json.loads(r["s"]) for r in results.filter(F.col("k") == "s").collect()]
+            tops = [s["max_time"] for s in stats_rows if s["max_time"] is not None]
+            max_time = max(tops) if tops else None
+            watermark = None if max_time is None else max_time - lateness
+            loop_events = sum(s["events"] for s in stats_rows)
+            loop_s = sum(s["loop_seconds"] for s in stats_rows)
+            loop_cpu = sum(s["loop_cpu_seconds"] for s in stats_rows)
+            udf_s = sum(s["udf_seconds"] for s in stats_rows)
+            duplicates = sum(s["duplicates"] for s in stats_rows)
+            ignored = sum(s["ignored"] for s in stats_rows)
             phase(
-                "parse_dedup",
-                f"parsed and deduplicated: {by_cls.get('event', 0):,} events, "
-                f"{by_cls.get('duplicate', 0):,} duplicates, {by_cls.get('conflict', 0):,} "
-                f"conflicts; watermark {watermark}",
+                "read_dedup_purgatory",
+                f"parsed and deduplicated ({duplicates:,} duplicates, {ignored:,} ignored); ran "
+                f"{len(stats_rows)} partition(s) through the purgatory: {loop_events:,} rule "
+                f"events, loop {loop_events / loop_cpu if loop_cpu else 0:,.0f} events/s per "
+                f"core; watermark {watermark}",
             )
-            rejected = classified.filter(F.col("reason").isNotNull()).select(
-                "event_id", "reason", "raw"
+            tables = _finalise(results, rules, watermark)
+            group = (
+                F.when(F.col("k") == "o", F.concat(F.lit("o:"), F.col("outcome")))
+                .when(F.col("k") == "u", F.concat(F.lit("u:"), F.col("reason")))
+                .otherwise(F.col("k"))
             )
-            _write(
-                rejected.coalesce(max(1, min(partitions, 4))), str(out / "rejected"), output_format
-            )
-            n_rejected = sum(rejected_by_reason.values())
-            phase("rejected", f"wrote rejected/: {n_rejected:,} records")
-
-            events = classified.filter((F.col("cls") == "event") & F.col("relevant"))
-            per_rule = _events_for_rules(events, rules)
-            union_schema = UNION_DDL
-            if watermark is None:
-                results = spark.createDataFrame([], union_schema)
-            else:
-                results = (
-                    per_rule.repartition(partitions, "rule", "key")
-                    .sortWithinPartitions("time", "seq", "event_id", "rule")
-                    .mapInArrow(_process_partition(rules, watermark), union_schema)
+            counted = (
+                tables["outcomes"]
+                .select(
+                    F.lit("o").alias("k"),
+                    "outcome",
+                    F.lit(None).cast("string").alias("reason"),
+                    "latency_ms",
                 )
-            results = results.persist(StorageLevel.MEMORY_AND_DISK)
-            try:
-                stats_rows = [
-                    json.loads(r["s"]) for r in results.filter(F.col("k") == "s").collect()
-                ]
-                loop_events = sum(s["events"] for s in stats_rows)
-                loop_s = sum(s["loop_seconds"] for s in stats_rows)
-                loop_cpu = sum(s["loop_cpu_seconds"] for s in stats_rows)
-                udf_s = sum(s["udf_seconds"] for s in stats_rows)
-                phase(
-                    "purgatory",
-                    f"ran {len(stats_rows)} partition(s) through the purgatory: {loop_events:,} "
-                    f"rule events, loop {loop_events / loop_cpu if loop_cpu else 0:,.0f} "
-                    "events/s per core",
-                )
-                name = _rule_name(rules)
-                outcomes = results.filter(F.col("k") == "o").select(
-                    name.alias("rule"),
-                    "key",
-                    F.col("id").alias("op_id"),
-                    F.col("t0").alias("opened_at"),
-                    F.col("t1").alias("deadline"),
-                    F.col("s").alias("outcome"),
-                    F.col("t2").alias("resolved_at"),
-                    (F.col("t2") - F.col("t0")).alias("latency_ms"),
-                    F.col("ref").alias("resolve_event_id"),
-                )
-                unmatched = results.filter(F.col("k") == "u").select(
-                    name.alias("rule"),
-                    "key",
-                    F.col("id").alias("event_id"),
-                    F.col("ref").alias("event_type"),
-                    F.col("t0").alias("event_time"),
-                    F.col("s").alias("reason"),
-                )
-                buffered = results.filter(F.col("k") == "b").select(
-                    name.alias("rule"),
-                    "key",
-                    F.col("id").alias("event_id"),
-                    F.col("ref").alias("event_type"),
-                    F.col("t0").alias("event_time"),
-                    F.col("t1").alias("seq"),
-                )
-                _write(outcomes, str(out / "outcomes"), output_format)
-                _write(unmatched, str(out / "unmatched"), output_format)
-                _write(buffered, str(out / "buffered"), output_format)
-                outcome_stats = (
-                    outcomes.groupBy("outcome")
-                    .agg(
-                        F.count(F.lit(1)).alias("n"),
-                        F.percentile(
-                            F.col("latency_ms"), F.array(*[F.lit(q) for q in (0.5, 0.9, 0.99)])
-                        ).alias("p"),
+                .unionByName(
+                    tables["unmatched"].select(
+                        F.lit("u").alias("k"),
+                        F.lit(None).cast("string").alias("outcome"),
+                        "reason",
+                        F.lit(None).cast("long").alias("latency_ms"),
                     )
-                    .collect()
                 )
-                n_buffered = sum(s["buffered"] for s in stats_rows)
-            finally:
-                results.unpersist()
+                .unionByName(
+                    tables["buffered"].select(
+                        F.lit("b").alias("k"),
+                        F.lit(None).cast("string").alias("outcome"),
+                        F.lit(None).cast("string").alias("reason"),
+                        F.lit(None).cast("long").alias("latency_ms"),
+                    )
+                )
+                .unionByName(
+                    tables["rejected"].select(
+                        F.lit("r").alias("k"),
+                        F.lit(None).cast("string").alias("outcome"),
+                        "reason",
+                        F.lit(None).cast("long").alias("latency_ms"),
+                    )
+                )
+            )
+            stats_job = counted.groupBy(
+                group.alias("g"), F.when(F.col("k") == "r", F.col("reason")).alias("r")
+            ).agg(
+                F.count(F.lit(1)).alias("n"),
+                F.percentile(
+                    F.col("latency_ms"), F.array(*[F.lit(q) for q in (0.5, 0.9, 0.99)])
+                ).alias("p"),
+            )
+            # The four writes and the summary's aggregate only read the cached
+            # rows: submitted together, their fixed costs overlap.
+            with ThreadPoolExecutor(max_workers=len(tables) + 1) as pool:
+                pending_writes = [
+                    pool.submit(_write, frame, str(out / name), output_format)
+                    for name, frame in tables.items()
+                ]
+                group_rows = pool.submit(stats_job.collect).result()
+                for future in pending_writes:
+                    future.result()
         finally:
-            classified.unpersist()
+            results.unpersist()
     finally:
         stop_watch.set()
         if watcher.is_alive():
             watcher.join(timeout=10)
         spark.conf.set("spark.sql.shuffle.partitions", old_shuffle)
-    outcome_counts = {r["outcome"]: r["n"] for r in outcome_stats}
-    latency = {
-        r["outcome"]: (
-            None if r["p"] is None else {
-                "p50": r["p"][0], "p90": r["p"][1], "p99": r["p"][2]
-            }
-        )
-        for r in outcome_stats
-        if r["outcome"] != "pending"
-    }  # fmt: skip
+    outcome_counts: dict[str, int] = {}
     unmatched_counts: dict[str, int] = {}
-    for stats in stats_rows:
-        for reason, n in stats["unmatched"].items():
-            if n:
-                unmatched_counts[reason] = unmatched_counts.get(reason, 0) + n
+    rejected_by_reason: dict[str, int] = {}
+    latency: dict[str, Any] = {}
+    n_buffered = 0
+    for row in group_rows:
+        g, n = row["g"], row["n"]
+        if g.startswith("o:"):
+            outcome = g[2:]
+            outcome_counts[outcome] = n
+            if outcome != "pending":
+                p = row["p"]
+                latency[outcome] = None if p is None else {"p50": p[0], "p90": p[1], "p99": p[2]}
+        elif g.startswith("u:"):
+            unmatched_counts[g[2:]] = n
+        elif g == "b":
+            n_buffered = n
+        elif g == "r":
+            rejected_by_reason[row["r"]] = n
+    n_rejected = sum(rejected_by_reason.values())
+    conflicts = rejected_by_reason.get("conflict", 0)
+    events = sum(s["kept"] for s in stats_rows) + ignored
+    records = events + duplicates + n_rejected
     phase(
         "write",
-        "wrote outcomes/, unmatched/ and buffered/: "
+        f"wrote rejected/ ({n_rejected:,} records, {conflicts:,} conflicts), outcomes/ ("
         + ", ".join(f"{k} {v:,}" for k, v in sorted(outcome_counts.items()))
-        + f"; unmatched {sum(unmatched_counts.values()):,}",
+        + f"), unmatched/ ({sum(unmatched_counts.values()):,}) and buffered/ ({n_buffered:,})",
     )
     job_s = time.perf_counter() - started
-    records = sum(by_cls.values())
     summary: dict[str, Any] = {
         "input": input_path,
         "input_files": len(files),
@@ -534,16 +692,16 @@ def run_job(
         "format": output_format,
         "rules": [{"name": r.name, "key": r.key, "timeout_ms": r.timeout_ms} for r in rules.rules],
         "partitions": partitions,
-        "allowed_lateness_ms": rules.input.allowed_lateness_ms,
+        "allowed_lateness_ms": lateness,
         "max_event_time": max_time,
         "watermark": watermark,
         "counts": {
             "records": records,
             "rejected": n_rejected,
             "rejected_by_reason": dict(sorted(rejected_by_reason.items())),
-            "duplicates": by_cls.get("duplicate", 0),
-            "conflicts": by_cls.get("conflict", 0),
-            "events": by_cls.get("event", 0),
+            "duplicates": duplicates,
+            "conflicts": conflicts,
+            "events": events,
             "ignored": ignored,
             "rule_events": loop_events,
             "buffered": n_buffered,

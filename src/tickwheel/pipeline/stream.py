@@ -780,6 +780,8 @@ class StreamJob:
         return times, bad
 
     def _run_batch(self, batch_id: int, plan: Mapping[str, Any]) -> dict[str, Any]:
+        from concurrent.futures import ThreadPoolExecutor
+
         from pyspark import StorageLevel
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -974,8 +976,13 @@ class StreamJob:
             staged = self.store.staged(batch_id)
             shutil.rmtree(staged, ignore_errors=True)
             os.makedirs(staged)
-            next_events.write.parquet(os.path.join(staged, "events"))
-            ops.write.parquet(os.path.join(staged, "ops"))
+            # The two state tables are independent Spark jobs: run them together.
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                for future in [
+                    pool.submit(next_events.write.parquet, os.path.join(staged, "events")),
+                    pool.submit(ops.write.parquet, os.path.join(staged, "ops")),
+                ]:
+                    future.result()
             _write_json(
                 os.path.join(staged, "meta.json"),
                 {
