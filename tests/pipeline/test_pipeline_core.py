@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import random
 from collections import defaultdict
 from typing import Any
 
@@ -9,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tickwheel.pipeline.core import Event, PartitionProcessor, StateRow
+from tickwheel.pipeline.core import Event, PartitionProcessor, StateRow, cyclic_gc_paused
 from tickwheel.pipeline.reference import _sort_key, simulate
 from tickwheel.pipeline.rules import Rule
 
@@ -211,3 +213,43 @@ def test_processor_matches_the_reference(raw: list[tuple[Any, ...]], watermark: 
         for e in proc.buffered_events()
     ]
     assert sorted(buffered, key=_sort_key) == sorted(ref_buffered, key=_sort_key)
+
+
+def test_cyclic_gc_paused_restores_the_collector_state() -> None:
+    assert gc.isenabled()
+    with cyclic_gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError), cyclic_gc_paused():
+        raise KeyError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with cyclic_gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # it was off before: left off
+    finally:
+        gc.enable()
+
+
+def test_a_run_leaves_no_cyclic_garbage() -> None:
+    """The premise of running the loop with the cyclic GC paused: refcounting frees it all."""
+    rng = random.Random(7)
+    events = []
+    for i in range(3000):
+        t = rng.randrange(0, 50_000)
+        events.append(ev(f"k{i % 700}", t, 0, f"o{i}"))
+        if rng.random() < 0.7:  # paid or cancelled, some after the 100 ms deadline
+            events.append(ev(f"k{i % 700}", t + rng.randrange(0, 150), rng.choice((1, 2)), f"r{i}"))
+    events.sort(key=lambda e: (e.time, e.seq, e.event_id))
+    proc = PartitionProcessor([PAY])
+    gc.collect()
+    with cyclic_gc_paused():
+        proc.process(events, watermark_ms=40_000)
+        proc.finish(40_000)
+    outcomes = proc.take_outcomes()
+    unmatched = proc.take_unmatched()
+    assert {o[5] for o in outcomes} == {"completed", "cancelled", "expired"}
+    assert unmatched and proc.num_pending and proc.buffered_events()
+    assert gc.collect() == 0
+    proc.close()

@@ -24,8 +24,10 @@ them, so an incremental job can carry it from one batch to the next.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from .._clock import ManualClock
@@ -46,6 +48,7 @@ __all__ = [
     "PartitionProcessor",
     "StateRow",
     "UnmatchedRow",
+    "cyclic_gc_paused",
 ]
 
 COMPLETED = "completed"
@@ -61,6 +64,31 @@ _ALWAYS_DUE: list[tuple[int, ...]] = [(-(1 << 80),)]
 STATE_PENDING = "pending"
 STATE_EXPIRED = "expired"
 STATE_BUFFERED = "buffered"
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block, then restore its state.
+
+    The Spark jobs run :meth:`PartitionProcessor.process` inside it, in a worker
+    process of their own. The loop allocates an object per operation and per
+    outcome, all freed by reference counting (a run leaves no cyclic garbage:
+    ``tests/pipeline/test_pipeline_core.py`` checks it), yet with the collector
+    on, each of its passes walks every pending operation. Measured in the batch
+    job at 1e6 orders (two partitions of 871k events each): the collector took
+    2.0--2.1 s of CPU per partition (about 1,940 passes) against a loop of
+    9.4--10.0 s; with the loop and its batch conversions paused, 0.6--0.7 s
+    (148 passes) and a loop of 6.9--7.9 s. Reference counting still frees
+    memory while it is paused. The collector's state is process-wide, so use
+    this only where no other thread relies on it. O(1).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class Event(NamedTuple):

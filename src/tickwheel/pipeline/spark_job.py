@@ -185,7 +185,7 @@ def _process_partition(
         import pyarrow as pa
         import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-        from .core import PartitionProcessor
+        from .core import PartitionProcessor, cyclic_gc_paused
 
         started = time.perf_counter()
         schema = _union_schema(pa)
@@ -221,11 +221,17 @@ def _process_partition(
                 if not ev.num_rows:
                     continue
                 kept += pc.sum(pc.equal(ev.column("p"), 0)).as_py() or 0
-                cols = [ev.column(name).to_pylist() for name in _PROC_COLUMNS]
-                t, c = perf(), cpu()
-                proc.process(zip(*cols, strict=True))
-                loop_s += perf() - t
-                loop_cpu += cpu() - c
+                # The collector stays off from the columns' conversion to the
+                # outcomes' batch, and runs at most once per batch: see
+                # cyclic_gc_paused for why, and for what it costs otherwise.
+                with cyclic_gc_paused():
+                    cols = [ev.column(name).to_pylist() for name in _PROC_COLUMNS]
+                    t, c = perf(), cpu()
+                    proc.process(zip(*cols, strict=True))
+                    loop_s += perf() - t
+                    loop_cpu += cpu() - c
+                    outcomes = proc.take_outcomes()
+                    out = _outcome_batch(pa, schema, outcomes, pending=False) if outcomes else None
                 events += ev.num_rows
                 top = cols[2][-1]  # events come sorted by time
                 max_time = top if max_time is None else max(max_time, top)
@@ -233,9 +239,9 @@ def _process_partition(
                 tail.append(ev)
                 while tail and tail[0].column("time")[-1].as_py() <= floor:
                     tail.pop(0)
-                outcomes = proc.take_outcomes()
-                if outcomes:
-                    yield _outcome_batch(pa, schema, outcomes, pending=False)
+                del cols
+                if out is not None:
+                    yield out
             pending = proc.pending_operations()
             if pending:
                 yield _outcome_batch(pa, schema, pending, pending=True)

@@ -292,7 +292,7 @@ def _process_partitions(
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
-        from .core import Event, PartitionProcessor, StateRow
+        from .core import Event, PartitionProcessor, StateRow, cyclic_gc_paused
         from .rules import KIND_CANCEL, KIND_COMPLETE, KIND_OPEN
 
         index = {rule.name: i for i, rule in enumerate(rules.rules)}
@@ -326,8 +326,9 @@ def _process_partitions(
             rules, rules.input.allowed_lateness_ms, state=state, start_ms=start_ms
         )
         try:
-            proc.process(events, watermark_ms=watermark_ms)
-            proc.finish(watermark_ms)
+            with cyclic_gc_paused():
+                proc.process(events, watermark_ms=watermark_ms)
+                proc.finish(watermark_ms)
             out: dict[str, list[Any]] = {
                 name: []
                 for name in (
