@@ -222,8 +222,8 @@ def _process_partition(
                     continue
                 kept += pc.sum(pc.equal(ev.column("p"), 0)).as_py() or 0
                 # The collector stays off from the columns' conversion to the
-                # outcomes' batch, and runs at most once per batch: see
-                # cyclic_gc_paused for why, and for what it costs otherwise.
+                # outcomes' batch, so it runs between batches, not within them:
+                # see cyclic_gc_paused for why, and for what it costs otherwise.
                 with cyclic_gc_paused():
                     cols = [ev.column(name).to_pylist() for name in _PROC_COLUMNS]
                     t, c = perf(), cpu()
@@ -239,7 +239,6 @@ def _process_partition(
                 tail.append(ev)
                 while tail and tail[0].column("time")[-1].as_py() <= floor:
                     tail.pop(0)
-                del cols
                 if out is not None:
                     yield out
             pending = proc.pending_operations()
