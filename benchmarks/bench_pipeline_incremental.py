@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     from tickwheel.pipeline.spark_job import create_session, run_job
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-inc-"))
+    work.mkdir(parents=True, exist_ok=True)
     rules_path = _rules(work / "rules.toml")
     rules = load_rules(rules_path)
     spark = create_session("local[2]", shuffle_partitions=args.partitions)

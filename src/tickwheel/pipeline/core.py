@@ -535,6 +535,14 @@ class PartitionProcessor:
             for r, k, ev, ty, t, why in self.take_unmatched()
         ]
 
+    def expired_markers(self) -> list[tuple[int, str, int]]:
+        """``(rule index, key, expired_at)`` of each key's last expiry, sorted. O(n log n).
+
+        A key keeps its marker until a later operation of it resolves otherwise;
+        the marker is what gives a late ``complete`` the reason ``after_expiry``.
+        """
+        return sorted(self._last_expired.values())
+
     def export_state(self) -> list[StateRow]:
         """The carried state as plain rows: pending ops, expiries, buffered events. O(n log n)."""
         names = self._names
@@ -544,7 +552,7 @@ class PartitionProcessor:
         ]
         rows.extend(
             StateRow(STATE_EXPIRED, names[r], k, None, at, None, None, None)
-            for r, k, at in sorted(self._last_expired.values())
+            for r, k, at in self.expired_markers()
         )
         rows.extend(
             StateRow(
