@@ -303,14 +303,14 @@ def _process_partitions(
         # Paused from the first row in to the last row out: the conversions
         # allocate a tuple per row, and the restored state is most of the heap.
         with cyclic_gc_paused():
-            out = _process_partition(rules, start_ms, watermark_ms, batches)
+            out = _process_increment(rules, start_ms, watermark_ms, batches)
         if out is not None:
             yield out
 
     return run
 
 
-def _process_partition(
+def _process_increment(
     rules: Rules, start_ms: int | None, watermark_ms: int, batches: Iterator[pa.RecordBatch]
 ) -> pa.RecordBatch | None:
     """One partition's rows in, its outputs and next state out (None: no rows)."""
