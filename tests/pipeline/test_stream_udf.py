@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pipeline_helpers import RULES_TOML as BASE_RULES
 
 from tickwheel.pipeline.core import Event, PartitionProcessor
 from tickwheel.pipeline.rules import Rules, load_rules
@@ -22,24 +23,16 @@ pa = pytest.importorskip("pyarrow")
 
 from tickwheel.pipeline.stream import _process_partitions  # noqa: E402
 
-RULES_TOML = """
-[input]
-key = "order_id"
-type = "type"
-time = "ts"
-id = "event_id"
-
-[rules.payment]
-open = ["created"]
-complete = ["paid"]
-cancel = ["cancelled"]
-timeout = 100
-
+# The shared payment rule with a short timeout, plus a second rule on the same key.
+RULES_TOML = (
+    BASE_RULES.replace('timeout = "30m"', "timeout = 100")
+    + """
 [rules.shipping]
 open = ["packed"]
 complete = ["shipped"]
 timeout = 40
 """
+)
 
 IN_SCHEMA = [
     ("state_kind", "string"), ("rule", "string"), ("key", "string"), ("time", "int64"),
