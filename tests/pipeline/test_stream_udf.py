@@ -21,6 +21,9 @@ from tickwheel.pipeline.rules import Rules, load_rules
 
 pa = pytest.importorskip("pyarrow")
 
+pc = pytest.importorskip("pyarrow.compute")
+
+from tickwheel.pipeline import stream  # noqa: E402
 from tickwheel.pipeline.stream import _process_partitions  # noqa: E402
 
 # The shared payment rule with a short timeout, plus a second rule on the same key.
@@ -47,7 +50,7 @@ def rules(tmp_path_factory: pytest.TempPathFactory) -> Rules:
     return load_rules(path)
 
 
-def _events(rules: Rules, seed: int, n: int) -> list[Event]:
+def _events(rules: Rules, seed: int, n: int, keys: int = 12) -> list[Event]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -57,7 +60,7 @@ def _events(rules: Rules, seed: int, n: int) -> list[Event]:
         kind = rule.kind_of(etype)
         assert kind is not None
         out.append(
-            Event(ri, f"k{rng.randrange(12)}", rng.randrange(400), 0, f"e{i:04}", kind, etype)
+            Event(ri, f"k{rng.randrange(keys)}", rng.randrange(400), 0, f"e{i:04}", kind, etype)
         )
     return sorted(out, key=lambda e: (e.time, e.seq, e.event_id, e.rule))
 
@@ -89,19 +92,13 @@ def _run(
     # Two input batches, shuffled: the function must sort the events itself.
     random.Random(wm).shuffle(rows)
     half = len(rows) // 2
-    out = list(
-        _process_partitions(rules, start, wm)(iter([_batch(rows[:half]), _batch(rows[half:])]))
-    )
-    assert len(out) <= 1
-    return out[0].to_pylist() if out else []
+    out = _process_partitions(rules, start, wm)(iter([_batch(rows[:half]), _batch(rows[half:])]))
+    return [row for batch in out for row in batch.to_pylist()]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_two_increments_give_what_one_processor_gives(rules: Rules, seed: int) -> None:
-    events = _events(rules, seed, 120)
-    split, end = 180, 400
-    first = _run(rules, _event_rows(rules, [e for e in events if e.time <= split]), None, split)
-    state = [
+def _as_state(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The function's next-state rows, as the next increment reads them back."""
+    return [
         {
             "state_kind": r["kind"],
             "rule": r["rule"],
@@ -112,22 +109,49 @@ def test_two_increments_give_what_one_processor_gives(rules: Rules, seed: int) -
             "event_type": None,
             "deadline": r["deadline"],
         }
-        for r in first
+        for r in rows
         if r["kind"] in ("pending", "expired")
     ]
-    later = _event_rows(rules, [e for e in events if e.time > split])
-    second = _run(rules, state + later, split, end)
+
+
+@pytest.mark.parametrize(("seed", "keys"), [(s, k) for s in range(6) for k in (12, 40)])
+def test_increments_give_what_one_processor_gives(
+    rules: Rules, seed: int, keys: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three increments: with 40 keys most keys have no event in an increment,
+    # so their state is carried around the processor (counted by the spy).
+    carried: list[int] = []
+    untouched_state = stream._untouched_state
+
+    def spy(*args: Any) -> Any:
+        mask = untouched_state(*args)
+        carried.append(sum(mask.to_pylist()))
+        return mask
+
+    monkeypatch.setattr(stream, "_untouched_state", spy)
+    events = _events(rules, seed, 120, keys)
+    bounds = [130, 260, 400]
+    rows: list[dict[str, Any]] = []
+    state: list[dict[str, Any]] = []
+    start = None
+    for end in bounds:
+        new = _event_rows(rules, [e for e in events if (start or -1) < e.time <= end])
+        out = _run(rules, state + new, start, end)
+        rows += out
+        state = _as_state(out)
+        start = end
+    if keys == 40:
+        assert sum(carried) > 0
 
     whole = PartitionProcessor(rules)
-    whole.process(events, end)
-    whole.finish(end)
+    whole.process(events, bounds[-1])
+    whole.finish(bounds[-1])
     expected_outcomes = sorted(tuple(r) for r in whole.outcome_rows())
     expected_unmatched = sorted(tuple(r) for r in whole.unmatched_rows())
     expected_state = sorted(
         (s.kind, s.rule, s.key, s.event_id, s.time, s.deadline) for s in whole.export_state()
     )
 
-    rows = first + second
     outcomes = sorted(
         (
             r["rule"],
@@ -149,14 +173,61 @@ def test_two_increments_give_what_one_processor_gives(rules: Rules, seed: int) -
         if r["kind"] == "unmatched"
     )
     next_state = sorted(
-        (r["kind"], r["rule"], r["key"], r["id"], r["time"], r["deadline"])
-        for r in second
-        if r["kind"] in ("pending", "expired")
+        (s["state_kind"], s["rule"], s["key"], s["event_id"], s["time"], s["deadline"])
+        for s in state
     )
     assert outcomes == expected_outcomes
     assert unmatched == expected_unmatched
     assert next_state == expected_state
-    assert any(r["kind"] == "expired" for r in second)  # the markers are exercised
+    assert any(s["state_kind"] == "expired" for s in state)  # the markers are exercised
+
+
+def _state_row(kind: str, rule: str, key: str, time: int, **extra: Any) -> dict[str, Any]:
+    row = dict.fromkeys(name for name, _ in IN_SCHEMA)
+    row.update(state_kind=kind, rule=rule, key=key, time=time, **extra)
+    return row
+
+
+def test_state_of_untouched_keys_is_carried_unchanged(rules: Rules) -> None:
+    state = [
+        _state_row("expired", "payment", "quiet", 50),
+        _state_row("pending", "payment", "far", 150, event_id="o1", deadline=250),
+        # due by the watermark: its key's marker must go through the processor
+        _state_row("expired", "payment", "due", 40),
+        _state_row("pending", "payment", "due", 100, event_id="o2", deadline=200),
+        # same key, other rule: an event of one rule does not touch the other's state
+        _state_row("expired", "shipping", "busy", 60),
+        _state_row("expired", "payment", "busy", 70),
+    ]
+    busy = _event_rows(
+        rules, [Event(0, "busy", 210, 0, "p1", rules.rules[0].kind_of("paid") or 0, "paid")]
+    )
+    mask = stream._untouched_state(
+        pc, rules, pa.Table.from_pylist(busy), pa.Table.from_pylist(state), 220
+    )
+    assert mask.to_pylist() == [True, True, False, False, True, False]
+
+    out = _run(rules, state + busy, 200, 220)
+    got = sorted((r["kind"], r["rule"], r["key"], r["id"], r["time"], r["deadline"]) for r in out)
+    assert got == [
+        ("expired", "payment", "busy", None, 70, None),  # a paid without an operation keeps it
+        ("expired", "payment", "due", None, 200, None),  # replaced by o2's expiry
+        ("expired", "payment", "quiet", None, 50, None),
+        ("expired", "shipping", "busy", None, 60, None),
+        ("outcome", "payment", "due", "o2", 100, 200),
+        ("pending", "payment", "far", "o1", 150, 250),
+        ("unmatched", "payment", "busy", "p1", 210, None),
+    ]
+    assert [r["reason"] for r in out if r["kind"] == "unmatched"] == ["after_expiry"]
+
+
+def test_bad_state_is_refused_not_carried(rules: Rules) -> None:
+    with pytest.raises(ValueError, match="refunds"):
+        _run(rules, [_state_row("expired", "refunds", "k1", 50)], 100, 200)
+    # No event touches its key, yet a pending row without a deadline is not
+    # carried on silently: the processor names the problem.
+    with pytest.raises(ValueError, match="needs event_id and deadline"):
+        _run(rules, [_state_row("pending", "payment", "k1", 50, event_id="o1")], 100, 200)
 
 
 def test_no_rows_give_no_batch(rules: Rules) -> None:
