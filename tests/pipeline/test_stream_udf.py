@@ -21,8 +21,6 @@ from tickwheel.pipeline.rules import Rules, load_rules
 
 pa = pytest.importorskip("pyarrow")
 
-pc = pytest.importorskip("pyarrow.compute")
-
 from tickwheel.pipeline import stream  # noqa: E402
 from tickwheel.pipeline.stream import _process_partitions  # noqa: E402
 
@@ -203,7 +201,7 @@ def test_state_of_untouched_keys_is_carried_unchanged(rules: Rules) -> None:
         rules, [Event(0, "busy", 210, 0, "p1", rules.rules[0].kind_of("paid") or 0, "paid")]
     )
     mask = stream._untouched_state(
-        pc, rules, pa.Table.from_pylist(busy), pa.Table.from_pylist(state), 220
+        rules, pa.Table.from_pylist(busy), pa.Table.from_pylist(state), 220
     )
     assert mask.to_pylist() == [True, True, False, False, True, False]
 

@@ -278,11 +278,23 @@ class _StateStore:
 
 # ----------------------------------------------------------------------------- processing
 
-_PROC_OUT_SCHEMA = (
-    "kind string, rule string, key string, id string, time long, deadline long, "
-    "outcome string, resolved_at long, latency_ms long, resolve_event_id string, "
-    "event_type string, reason string"
+#: The per-partition function's output columns: (name, Spark type). Spark reads
+#: them as ``_PROC_OUT_SCHEMA``; the function writes them as ``_proc_out_arrow_schema``.
+_PROC_OUT_COLUMNS = (
+    ("kind", "string"),
+    ("rule", "string"),
+    ("key", "string"),
+    ("id", "string"),
+    ("time", "long"),
+    ("deadline", "long"),
+    ("outcome", "string"),
+    ("resolved_at", "long"),
+    ("latency_ms", "long"),
+    ("resolve_event_id", "string"),
+    ("event_type", "string"),
+    ("reason", "string"),
 )
+_PROC_OUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in _PROC_OUT_COLUMNS)
 _OPS_SCHEMA = "kind string, rule string, key string, event_id string, time long, deadline long"
 
 
@@ -314,7 +326,7 @@ def _process_partitions(
     return run
 
 
-def _untouched_state(pc: Any, rules: Rules, events: Any, state: Any, watermark_ms: int) -> Any:
+def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -> Any:
     """Mask of the ``state`` rows this increment cannot change. O(rows).
 
     A key's expiry marker changes only when an event of that key is applied or
@@ -327,6 +339,7 @@ def _untouched_state(pc: Any, rules: Rules, events: Any, state: Any, watermark_m
     is not untouched: the processor rejects it with a clear error.
     """
     import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
 
     kind = state["state_kind"]
     pending = pc.equal(kind, STATE_PENDING)
@@ -359,7 +372,7 @@ def _process_increment(
     from operator import itemgetter
 
     import pyarrow as pa
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
+    import pyarrow.compute as pc
 
     from .core import PartitionProcessor, StateRow
 
@@ -371,13 +384,13 @@ def _process_increment(
     event_rows = table.filter(pc.invert(is_state))
     state_rows = table.filter(is_state)
     out_schema = _proc_out_arrow_schema(pa)
+    names = rules.names
     out: list[pa.RecordBatch] = []
     if state_rows.num_rows:
-        names = [rule.name for rule in rules.rules]
         unknown = set(pc.unique(state_rows["rule"]).to_pylist()) - set(names)
         if unknown:
-            raise ValueError(f"state rows name rules {sorted(unknown)}, not among {names}")
-        untouched = _untouched_state(pc, rules, event_rows, state_rows, watermark_ms)
+            raise ValueError(f"state rows name rules {sorted(unknown)}, not among {list(names)}")
+        untouched = _untouched_state(rules, event_rows, state_rows, watermark_ms)
         carried = state_rows.filter(untouched)
         state_rows = state_rows.filter(pc.invert(untouched))
         if carried.num_rows:
@@ -453,7 +466,8 @@ def _process_increment(
         out.append(
             _processed_batch(
                 pa,
-                [rule.name for rule in rules.rules],
+                out_schema,
+                names,
                 proc.take_outcomes(),
                 proc.take_unmatched(),
                 proc.pending_operations(),
@@ -467,13 +481,14 @@ def _process_increment(
 
 def _processed_batch(
     pa: Any,
+    schema: Any,
     names: Sequence[str],
     outcomes: Sequence[tuple[Any, ...]],
     unmatched: Sequence[tuple[Any, ...]],
     pending: Sequence[tuple[Any, ...]],
     expired: Sequence[tuple[Any, ...]],
 ) -> Any:
-    """One record batch of ``_PROC_OUT_SCHEMA``: outcome, unmatched, pending, expired rows.
+    """One record batch of ``schema``: outcome, unmatched, pending and expired rows.
 
     The tuples are :class:`~.core.PartitionProcessor`'s raw rows
     (``take_outcomes``, ``take_unmatched``, ``pending_operations``,
@@ -505,27 +520,13 @@ def _processed_batch(
         "event_type": [*nulls(no), *u[3], *nulls(np_ + ne)],
         "reason": [*nulls(no), *u[5], *nulls(np_ + ne)],
     }
-    return pa.RecordBatch.from_pydict(columns, schema=_proc_out_arrow_schema(pa))
+    return pa.RecordBatch.from_pydict(columns, schema=schema)
 
 
 def _proc_out_arrow_schema(pa: Any) -> Any:
     """``_PROC_OUT_SCHEMA`` as an Arrow schema."""
-    return pa.schema(
-        [
-            ("kind", pa.string()),
-            ("rule", pa.string()),
-            ("key", pa.string()),
-            ("id", pa.string()),
-            ("time", pa.int64()),
-            ("deadline", pa.int64()),
-            ("outcome", pa.string()),
-            ("resolved_at", pa.int64()),
-            ("latency_ms", pa.int64()),
-            ("resolve_event_id", pa.string()),
-            ("event_type", pa.string()),
-            ("reason", pa.string()),
-        ]
-    )
+    arrow_type = {"string": pa.string(), "long": pa.int64()}
+    return pa.schema([(name, arrow_type[kind]) for name, kind in _PROC_OUT_COLUMNS])
 
 
 # ----------------------------------------------------------------------------- the job
