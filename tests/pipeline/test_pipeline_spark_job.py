@@ -11,7 +11,7 @@ from pipeline_helpers import RULES_TOML, make_input, merge_into_one_file, read_o
 
 from tickwheel.pipeline.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.rules import load_rules
-from tickwheel.pipeline.spark_job import run_job
+from tickwheel.pipeline.spark_job import JOB_SQL_SETTINGS, job_session, run_job
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -96,8 +96,34 @@ def test_same_output_for_any_partition_count(
     partitions: int,
 ) -> None:
     out = workload["root"] / f"out-{partitions}"
+    before = {key: spark.conf.get(key) for key in (_PARTITIONS, _COMPRESSED)}
     run_job(spark, workload["rules"], str(workload["input"]), str(out), partitions=partitions)
     assert read_outputs(out) == three_partitions["outputs"]
+    # the job's own settings lived in its child session, not in the caller's
+    assert {key: spark.conf.get(key) for key in (_PARTITIONS, _COMPRESSED)} == before
+
+
+_PARTITIONS = "spark.sql.shuffle.partitions"
+_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
+
+
+def test_job_session_copies_the_callers_settings_and_adds_its_own(spark: SparkSession) -> None:
+    before = spark.conf.get(_PARTITIONS)
+    spark.conf.set(_PARTITIONS, "7")  # set at run time: the SparkContext does not know it
+    try:
+        child = job_session(spark)
+        assert child is not spark
+        assert child.sparkContext is spark.sparkContext
+        assert child.conf.get(_PARTITIONS) == "7"
+        for key, value in JOB_SQL_SETTINGS.items():
+            assert child.conf.get(key) == value
+        assert spark.conf.get(_COMPRESSED) == "true"
+        explicit = job_session(spark, {_PARTITIONS: "2"})
+        assert explicit.conf.get(_PARTITIONS) == "2"
+        assert explicit.conf.get(_COMPRESSED) == "true"  # only the given settings
+        assert spark.conf.get(_PARTITIONS) == "7"
+    finally:
+        spark.conf.set(_PARTITIONS, before)
 
 
 def test_same_output_for_one_file_or_many(

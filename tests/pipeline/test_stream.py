@@ -106,6 +106,35 @@ def test_rerun_without_new_files_changes_nothing(
     )
 
 
+def test_micro_batches_run_in_a_child_session(
+    spark: Any, tmp_path: Path, orders: dict[str, Any]
+) -> None:
+    """The job's own SQL setting stays in its child session; the caller's settings reach it."""
+    fresh(tmp_path / "in")
+    compressed = "spark.sql.inMemoryColumnarStorage.compressed"
+    partitions = "spark.sql.shuffle.partitions"
+    before = {key: spark.conf.get(key) for key in (compressed, partitions)}
+    spark.conf.set(partitions, "3")  # a runtime setting, not one the SparkContext knows
+    try:
+        cfg = StreamConfig(
+            rules_path=str(orders["rules"]),
+            input=str(tmp_path / "in"),
+            output=str(tmp_path / "out"),
+            checkpoint=str(tmp_path / "ck"),
+            quiet=True,
+        )
+        with StreamJob(cfg, spark=spark) as job:
+            child = job._batch_session()
+            assert child is not spark
+            assert child.sparkContext is spark.sparkContext
+            assert child.conf.get(compressed) == "false"
+            assert child.conf.get(partitions) == "3"
+            assert job._batch_session() is child
+        assert spark.conf.get(compressed) == before[compressed]
+    finally:
+        spark.conf.set(partitions, before[partitions])
+
+
 def test_second_job_on_same_checkpoint_is_refused(tmp_path: Path, orders: dict[str, Any]) -> None:
     """The checkpoint lock refuses a concurrent job with a clear error."""
     fresh(tmp_path / "in")

@@ -603,6 +603,7 @@ class StreamJob:
         self._lock.acquire()
         self.store = _StateStore(self.root)
         self._spark = spark
+        self._batch_spark: SparkSession | None = None
         self.sink: BatchSink | None = None
         self.batches_run = 0
         self.totals: dict[str, int] = {}
@@ -626,6 +627,20 @@ class StreamJob:
         spark.sparkContext.setLogLevel("ERROR")
         self._spark = spark
         return spark
+
+    def _batch_session(self) -> SparkSession:
+        """The session the micro-batches run in: a child of :meth:`_session`.
+
+        Made by :func:`~tickwheel.pipeline.spark_job.job_session`: it copies the
+        parent's SQL settings and adds the pipeline's own (in-memory caches
+        uncompressed: each micro-batch caches three short-lived frames of mostly
+        unique strings), without changing the caller's session.
+        """
+        if self._batch_spark is None:
+            from .spark_job import job_session
+
+            self._batch_spark = job_session(self._session())
+        return self._batch_spark
 
     def close(self) -> None:
         """Release the checkpoint lock (the SparkSession is left to its owner)."""
@@ -913,7 +928,7 @@ class StreamJob:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        spark = self._session()
+        spark = self._batch_session()
         assert self.sink is not None
         cfg = self.rules.input
         lateness = cfg.allowed_lateness_ms
