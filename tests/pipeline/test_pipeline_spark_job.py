@@ -208,3 +208,8 @@ def test_csv_and_parquet_input(spark: SparkSession, tmp_path: Path, fmt: str) ->
     assert got["unmatched"] == []
     (rejected,) = got["rejected"]
     assert rejected[:2] == ("5", "bad_time") and '"soon"' in rejected[2]
+
+
+def test_sessions_skip_pyspark_call_site_capture(spark: SparkSession) -> None:
+    """create_session turns off the per-call DataFrame debugging (see its docstring)."""
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
