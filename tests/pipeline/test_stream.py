@@ -37,8 +37,9 @@ def orders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"files": files, "rules": rules, "ref": ref, "base": base}
 
 
-def _run(spark: Any, tmp: Path, rules: Path, **kw: Any) -> dict[str, Any]:
-    cfg = StreamConfig(
+def _config(tmp: Path, rules: Path, **kw: Any) -> StreamConfig:
+    """A quiet job on ``tmp``'s ``in``, ``out`` and ``ck`` directories."""
+    return StreamConfig(
         rules_path=str(rules),
         input=str(tmp / "in"),
         output=str(tmp / "out"),
@@ -46,7 +47,10 @@ def _run(spark: Any, tmp: Path, rules: Path, **kw: Any) -> dict[str, Any]:
         quiet=True,
         **kw,
     )
-    with StreamJob(cfg, spark=spark) as job:
+
+
+def _run(spark: Any, tmp: Path, rules: Path, **kw: Any) -> dict[str, Any]:
+    with StreamJob(_config(tmp, rules, **kw), spark=spark) as job:
         summary = job.run()
         assert job.sink is not None
         summary["outputs"] = read_stream_outputs(spark, job.sink, str(tmp / "ck"))
@@ -116,14 +120,7 @@ def test_micro_batches_run_in_a_child_session(
     before = {key: spark.conf.get(key) for key in (compressed, partitions)}
     spark.conf.set(partitions, "3")  # a runtime setting, not one the SparkContext knows
     try:
-        cfg = StreamConfig(
-            rules_path=str(orders["rules"]),
-            input=str(tmp_path / "in"),
-            output=str(tmp_path / "out"),
-            checkpoint=str(tmp_path / "ck"),
-            quiet=True,
-        )
-        with StreamJob(cfg, spark=spark) as job:
+        with StreamJob(_config(tmp_path, orders["rules"]), spark=spark) as job:
             child = job._batch_session()
             assert child is not spark
             assert child.sparkContext is spark.sparkContext
@@ -138,13 +135,7 @@ def test_micro_batches_run_in_a_child_session(
 def test_second_job_on_same_checkpoint_is_refused(tmp_path: Path, orders: dict[str, Any]) -> None:
     """The checkpoint lock refuses a concurrent job with a clear error."""
     fresh(tmp_path / "in")
-    cfg = StreamConfig(
-        rules_path=str(orders["rules"]),
-        input=str(tmp_path / "in"),
-        output=str(tmp_path / "out"),
-        checkpoint=str(tmp_path / "ck"),
-        quiet=True,
-    )
+    cfg = _config(tmp_path, orders["rules"])
     with StreamJob(cfg), pytest.raises(CheckpointInUse, match="is in use by"):
         StreamJob(cfg)
     StreamJob(cfg).close()  # released: a later job may take it
