@@ -631,10 +631,9 @@ class StreamJob:
     def _batch_session(self) -> SparkSession:
         """The session the micro-batches run in: a child of :meth:`_session`.
 
-        Made by :func:`~tickwheel.pipeline.spark_job.job_session`: it copies the
-        parent's SQL settings and adds the pipeline's own (in-memory caches
-        uncompressed: each micro-batch caches three short-lived frames of mostly
-        unique strings), without changing the caller's session.
+        Made once by :func:`~tickwheel.pipeline.spark_job.job_session`, with the
+        pipeline's :data:`~tickwheel.pipeline.spark_job.JOB_SQL_SETTINGS`; the
+        caller's session is not changed.
         """
         if self._batch_spark is None:
             from .spark_job import job_session
