@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck pytest bench system-deps clean
+.PHONY: demo test test-pythons lint typecheck pytest bench system-deps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,10 +39,14 @@ pytest: $(STAMP) system-deps
 
 test: lint typecheck pytest
 
+# The library's tests on each newer CPython found (3.12+); see the script.
+test-pythons:
+	@bash scripts/test-pythons.sh
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_timer.py
 	$(BIN)/python benchmarks/bench_purgatory.py
 	$(BIN)/python benchmarks/bench_aio.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venvs build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

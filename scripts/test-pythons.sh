@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Run the library's tests (everything but tests/pipeline) on each newer CPython
+# this machine has. tickwheel supports 3.11 and newer; `make test` runs the whole
+# suite on the .venv interpreter, and this script covers the others.
+#
+# Interpreters: $PYTHONS (space-separated commands or paths) when set, else each
+# python3.12 … python3.15 on PATH, and each of pyenv's 3.12+ builds, that runs.
+# Each gets its own virtual environment under .venvs/<version>, with the dev
+# extra pinned in pyproject.toml. Exits non-zero if any run fails, or if no
+# interpreter was found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+candidates=()
+if [ -n "${PYTHONS:-}" ]; then
+    read -r -a candidates <<<"$PYTHONS"
+else
+    for minor in 12 13 14 15; do
+        candidates+=("python3.$minor")
+        if command -v pyenv >/dev/null 2>&1; then
+            for dir in "$(pyenv root)"/versions/3."$minor".*; do
+                [ -x "$dir/bin/python3" ] && candidates+=("$dir/bin/python3")
+            done
+        fi
+    done
+fi
+
+seen=" "
+failed=()
+ran=0
+for py in "${candidates[@]}"; do
+    # pyenv's shims exist for every version but fail for those not selected: run it to know.
+    version=$("$py" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null) || continue
+    case "$seen" in *" $version "*) continue ;; esac
+    seen+="$version "
+    venv=".venvs/$version"
+    echo "== CPython $version ($py)"
+    if [ ! -x "$venv/bin/python" ]; then
+        "$py" -m venv "$venv"
+    fi
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    "$venv/bin/python" -m pip install --quiet -e '.[dev]'
+    ran=$((ran + 1))
+    if ! "$venv/bin/python" -m pytest --ignore=tests/pipeline -p no:cacheprovider -q; then
+        failed+=("$version")
+    fi
+done
+
+if [ "$ran" -eq 0 ]; then
+    echo "test-pythons: no CPython 3.12 or newer found (set PYTHONS=...)" >&2
+    exit 1
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "test-pythons: failed on ${failed[*]}" >&2
+    exit 1
+fi
+echo "test-pythons: passed on${seen% }"
