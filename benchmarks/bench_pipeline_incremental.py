@@ -19,9 +19,10 @@ Run: ``.venv/bin/python benchmarks/bench_pipeline_incremental.py`` (defaults:
 the SparkSession start, the data generation and an untimed warm-up of both
 streaming jobs on 1,000 orders (``--no-warm-up`` skips it). (a) and (b) run
 ``--repeat`` times each, alternately, with fresh outputs and checkpoints, and
-each incremental run is checked against the batch job; the table gives each
-job's best run (the JVM's JIT warm) and its first. applyInPandasWithState runs
-once: it takes minutes, so its JIT is warm for most of its run.
+each incremental run is checked against the batch job; (c)'s incremental run
+is repeated too. The table gives each job's best run (the JVM's JIT warm) and
+its first. applyInPandasWithState runs once: it takes minutes, so its JIT is
+warm for most of its run.
 """
 
 from __future__ import annotations
