@@ -7,7 +7,15 @@ remainder fire. The same workload, with the same random numbers, runs on:
 
 * ``asyncio``   -- ``loop.call_later`` of CPython's selector loop;
 * ``tickwheel`` -- ``AsyncTimer().call_later`` on that same kind of loop;
-* ``uvloop``    -- ``loop.call_later`` of uvloop (optional, if installed).
+* ``uvloop``    -- ``loop.call_later`` of uvloop (optional, if installed);
+* ``floor``     -- not a timer but the interpreter's floor for a loop-thread
+  wheel whose cancel frees the entry at once (issue 4): ``call_later``
+  allocates a slotted handle, rounds its deadline up to the millisecond and
+  links it at the tail of a single list (no wheel, no level or bucket choice,
+  no loop timer); ``cancel`` unlinks it. It runs the schedule, cancel and
+  re-arm phases only. The ``bound`` line adds tickwheel's own fire phase to
+  the floor's other phases: the lifecycle ratio no wheel-based timer with an
+  eager cancel could beat on this interpreter and machine.
 
 The asyncio and tickwheel runs use :class:`tickwheel.aio.VirtualClockEventLoop`:
 when the loop would sleep until its next timer, its clock jumps there, so 30 s
@@ -32,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import platform
 import random
 import sys
@@ -80,6 +89,48 @@ def make_workload(n: int, seed: int) -> Workload:
     )
 
 
+class _FloorHandle:
+    """A handle of :class:`FloorTimer`: the slots of a wheel handle, and an unlinking cancel."""
+
+    __slots__ = ("_args", "_callback", "_list", "_next", "_prev", "_when", "expiration_ms")
+
+    def cancel(self) -> None:
+        nxt = self._next
+        prev = self._prev
+        nxt._prev = prev
+        prev._next = nxt
+        self._next = self._prev = self._list = None
+
+
+_new_floor_handle = _FloorHandle.__new__
+
+
+class FloorTimer:
+    """The least a loop-thread timer with an eager cancel does (see the module doc)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._time = loop.time
+        root = _FloorHandle()
+        root._next = root._prev = root
+        self._root = root
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> _FloorHandle:
+        when = self._time() + delay
+        handle = _new_floor_handle(_FloorHandle)
+        handle._when = when
+        handle._callback = callback
+        handle._args = args
+        handle.expiration_ms = math.ceil(when * 1000.0)
+        root = self._root
+        tail = root._prev
+        handle._next = root
+        handle._prev = tail
+        handle._list = root
+        tail._next = handle
+        root._prev = handle
+        return handle
+
+
 @dataclass
 class Result:
     """CPU nanoseconds of each phase of one run."""
@@ -105,6 +156,8 @@ def _scheduler(side: str, loop: asyncio.AbstractEventLoop) -> tuple[Callable[...
     if side == "tickwheel":
         timer = AsyncTimer(loop=loop)
         return timer.call_later, timer
+    if side == "floor":
+        return FloorTimer(loop).call_later, None
     return loop.call_later, None
 
 
@@ -138,6 +191,8 @@ def run_once(side: str, w: Workload) -> Result:
                 handles[i].cancel()
                 handles[i] = call_later(d, callback)
             t3 = clock()
+            if side == "floor":  # it cannot fire: no fire phase
+                return Result(t1 - t0, t2 - t1, t3 - t2, 0)
             await done
             t4 = clock()
             assert fired == target
@@ -216,10 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-gc", action="store_true", help="disable the cyclic GC in the timed runs"
     )
+    parser.add_argument(
+        "--no-floor", action="store_true", help="skip the floor side and its bound line"
+    )
     args = parser.parse_args(argv)
     if args.no_gc:
         gc.disable()
     sides = ["asyncio", "tickwheel"]
+    if not args.no_floor:
+        sides.append("floor")
     if args.uvloop:
         if uvloop is None:
             print("uvloop is not installed: skipped")
@@ -252,16 +312,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         for side in sides:
             r = best[side]
+            fire = "n/a" if side == "floor" else f"{r.fire / w.survivors:.0f}"
+            total = "n/a" if side == "floor" else f"{r.total / 1e6:.1f}"
+            ratio = "n/a" if side == "floor" else f"{r.total / base:.2f}x"
             print(
                 f"{side:<10} {r.schedule / n:>9.0f} {r.cancel / len(w.cancel):>7.0f} "
-                f"{r.rearm / max(1, len(w.rearm)):>7.0f} {r.fire / w.survivors:>7.0f} "
-                f"{r.total / 1e6:>13.1f} {r.total / base:>10.2f}x"
+                f"{r.rearm / max(1, len(w.rearm)):>7.0f} {fire:>7} {total:>13} {ratio:>11}"
+            )
+        if "floor" in best:
+            floor = best["floor"]
+            bound = floor.schedule + floor.cancel + floor.rearm + best["tickwheel"].fire
+            print(
+                f"bound: the floor's schedule, cancel and re-arm with tickwheel's fire: "
+                f"{bound / 1e6:.1f} ms = {bound / base:.2f}x asyncio"
             )
     w = make_workload(args.memory_n, args.seed)
     print()
     print(f"memory, N = {args.memory_n:,} (tracemalloc; cancelling 90 %)")
     print(f"{'side':<10} {'bytes/pending':>14} {'freed at cancel':>16} {'after 1 iteration':>18}")
     for side in sides:
+        if side == "floor":
+            continue
         m = measure_memory(side, w)
         print(
             f"{side:<10} {m.per_timer:>14.0f} {m.released_at_cancel:>15.0%} "

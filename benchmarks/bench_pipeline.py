@@ -11,7 +11,15 @@ per order), on ``local[2]``, in one process and one SparkSession:
   hold (one ``created``, at most one ``paid``, no ``cancelled``);
 * **applyInPandasWithState** (``--with-state``, small N only: it needs minutes):
   a Structured Streaming job over the same files with ``EventTimeTimeout``,
-  checked the same way on the completed operations.
+  checked the same way on the completed operations;
+* **skeleton** (a floor, not an answer): the least Spark work any job of this
+  shape does: read the JSON with a schema (no raw text, no validation),
+  ``dropDuplicates`` by id, repartition by key, sort within partitions, and a
+  ``noop`` sink (no Python, no outputs). Its wall time and the JVM's CPU time
+  are measured; the ``floor`` line adds the CPU the per-partition loop needs
+  at the issue's target rate (``--loop-target`` events/s per core) and divides
+  by the cores: no job that also runs the loop can be faster than that, so it
+  caps the ratio tickwheel's job can reach against each peer.
 
 Times exclude the SparkSession start and a warm-up run of both jobs on 2,000
 orders. tickwheel's job and the DataFrame formulation then run ``--repeat``
@@ -237,6 +245,27 @@ def _check_simple(
     return f"equal to the reference on {len(expected):,} simple-key outcomes"
 
 
+def skeleton(spark: Any, data: Path, partitions: int) -> None:
+    """The floor job: read with a schema, dropDuplicates by id, repartition, sort, noop sink."""
+    from pyspark.sql import functions as F
+
+    events = (
+        spark.read.schema("event_id string, order_id string, type string, ts string, seq string")
+        .json(str(data))
+        .where(F.col("event_id").isNotNull())
+        .dropDuplicates(["event_id"])
+    )
+    by_key = events.repartition(partitions, "order_id")
+    sorted_by_key = by_key.sortWithinPartitions("ts", "seq", "event_id")
+    sorted_by_key.write.format("noop").mode("overwrite").save()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--orders", type=int, nargs="+", default=[100_000, 1_000_000])
@@ -249,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of tickwheel's job and the DataFrame formulation")  # fmt: skip
     parser.add_argument("--incremental", action="store_true",
                         help="run benchmarks/bench_pipeline_incremental.py instead")  # fmt: skip
+    parser.add_argument("--loop-target", type=float, default=300_000.0,
+                        help="loop events/s per core assumed by the floor line")  # fmt: skip
     args, rest = parser.parse_known_args(argv)
     if args.incremental:
         script = Path(__file__).with_name("bench_pipeline_incremental.py")
@@ -285,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
     print(f"SparkSession {spark.version} up in {time.perf_counter() - started:.1f}s (not counted)")
     rows: list[dict[str, Any]] = []
+    floors: list[str] = []
+    cores = 2  # local[2]
     try:
         # Warm the JVM (class loading, code generation) for both jobs, untimed.
         warm = work / "warm-up"
@@ -311,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
 
             ours_s: list[float] = []
             theirs_s: list[float] = []
+            skeleton_s: list[tuple[float, float]] = []
+            best_skeleton = (float("nan"), float("nan"))
             best_summary: dict[str, Any] = {}
             check = ""
             for attempt in range(args.repeat):
@@ -335,6 +370,16 @@ def main(argv: list[str] | None = None) -> int:
                 check = _check_simple("dataframe", out, reference, simple, only_completed=False)
                 theirs_s.append(seconds)
                 print(f"dataframe run {attempt + 1}: {seconds:.1f}s")
+
+                t = time.perf_counter()
+                cpu = _cpu_seconds(jvm_pid)
+                skeleton(spark, data, args.partitions)
+                seconds = time.perf_counter() - t
+                skeleton_cpu = _cpu_seconds(jvm_pid) - cpu
+                if not skeleton_s or seconds < min(s for s, _ in skeleton_s):
+                    best_skeleton = (seconds, skeleton_cpu)
+                skeleton_s.append((seconds, skeleton_cpu))
+                print(f"skeleton run {attempt + 1}: {seconds:.1f}s, JVM CPU {skeleton_cpu:.1f}s")
             rows.append({
                 "orders": n, "who": "tickwheel", "seconds": min(ours_s), "first": ours_s[0],
                 "records": records, "loop": best_summary["loop"]["events_per_s"],
@@ -346,6 +391,23 @@ def main(argv: list[str] | None = None) -> int:
                 "records": records, "loop": None, "check": check,
                 "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
             })  # fmt: skip
+            rows.append({
+                "orders": n, "who": "skeleton (floor)", "seconds": best_skeleton[0],
+                "first": skeleton_s[0][0], "records": records, "loop": None,
+                "check": "no outputs: the least Spark work of such a job",
+                "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
+            })  # fmt: skip
+            rule_events = best_summary["loop"]["events"]
+            loop_cpu = rule_events / args.loop_target
+            floor_s = max(best_skeleton[0], (best_skeleton[1] + loop_cpu) / cores)
+            floors.append(
+                f"floor at {n:,} orders: skeleton {best_skeleton[0]:.1f} s wall, "
+                f"{best_skeleton[1]:.1f} s JVM CPU; + the loop at {args.loop_target:,.0f} "
+                f"events/s for {rule_events:,} rule events = {loop_cpu:.1f} CPU s; on "
+                f"{cores} cores >= {floor_s:.1f} s, so at best "
+                f"{min(theirs_s) / floor_s:.2f}x the DataFrame formulation "
+                f"(tickwheel's job: {min(theirs_s) / min(ours_s):.2f}x)"
+            )
 
             if n in args.with_state:
                 out = work / f"out-state-{n}"
@@ -362,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
                     "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
                 })  # fmt: skip
                 print(f"applyInPandasWithState: {seconds:.1f}s")
+                floors.append(
+                    f"floor at {n:,} orders: at best {seconds / floor_s:.1f}x "
+                    f"applyInPandasWithState (tickwheel's job: {seconds / min(ours_s):.1f}x)"
+                )
     finally:
         spark.stop()
 
@@ -385,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         "first s: the first run"
     )
     print("'vs tickwheel' = that job's seconds / tickwheel's seconds (> 1: tickwheel is faster)")
+    for line in floors:
+        print(line)
     return 0
 
 

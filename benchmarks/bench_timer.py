@@ -26,6 +26,13 @@ callbacks inline (a no-op function):
   Its ``cancel`` is O(n) (``list.remove`` + ``heapify``), so above
   ``--sched-max`` timers only a sample of cancels (100 at 1e5, 10 at 1e6) is timed and its
   lifecycle is not reported; it runs once, not ``--repeat`` times.
+* ``floor``: not a timer but the interpreter's floor for one, run through the
+  same loops: ``schedule`` allocates a slotted entry, takes a lock and links
+  the entry at the tail of a single list (no wheel, no bucket choice);
+  ``cancel`` is a method call that takes the lock and unlinks the entry (no
+  checks, no count, no cancelled mark). A thread-safe timer whose cancel is
+  O(1) and frees the entry at once cannot do less, so these figures bound
+  what tickwheel can reach on this interpreter and machine.
 
 Timings use ``time.perf_counter_ns`` (or the thread's CPU time with
 ``--clock cpu``) with the garbage collector on (the default); each figure is
@@ -53,6 +60,7 @@ import platform
 import random
 import sched
 import sys
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -118,6 +126,61 @@ class HeapTimer:
         return fired
 
 
+_FLOOR_LOCK = threading.Lock()
+
+
+class FloorEntry:
+    """An entry of :class:`FloorTimer`: a timer task's slots, and the cheapest locked cancel."""
+
+    __slots__ = ("_call", "_delay_ms", "_list", "_next", "_prev", "expiration_ms")
+
+    def cancel(self) -> bool:
+        lock = _FLOOR_LOCK
+        lock.acquire()
+        try:
+            nxt = self._next
+            prev = self._prev
+            nxt._prev = prev
+            prev._next = nxt
+            self._next = self._prev = self._list = None
+        finally:
+            lock.release()
+        return True
+
+
+_new_floor_entry = FloorEntry.__new__
+
+
+class FloorTimer:
+    """The least work of a thread-safe intrusive timer: allocate, lock, link at a list's tail."""
+
+    def __init__(self) -> None:
+        self._lock = _FLOOR_LOCK
+        self._now = 0
+        root = FloorEntry()
+        root._next = root._prev = root
+        self._root = root
+
+    def schedule(self, delay_ms: int, fn: Callable[..., Any], *args: Any) -> FloorEntry:
+        entry = _new_floor_entry(FloorEntry)
+        entry._delay_ms = delay_ms
+        entry._call = fn
+        lock = self._lock
+        lock.acquire()
+        try:
+            entry.expiration_ms = delay_ms + self._now
+            root = self._root
+            tail = root._prev
+            entry._next = root
+            entry._prev = tail
+            entry._list = root
+            tail._next = entry
+            root._prev = entry
+        finally:
+            lock.release()
+        return entry
+
+
 class FakeClock:
     """A settable clock for ``sched``."""
 
@@ -170,10 +233,10 @@ def _ns() -> int:
     return _clock_ns()
 
 
-def run_tickwheel(w: Workload) -> tuple[float, float, float, int]:
-    clock = ManualClock(0)
-    timer = SystemTimer(name="bench", clock=clock, executor="inline")
-    schedule = timer.schedule
+def _schedule_then_cancel(
+    schedule: Callable[[int, Callable[[], None]], Any], w: Workload
+) -> tuple[float, float, int]:
+    """The timed schedule and cancel phases, the same loops for tickwheel and the floor."""
     fn = noop
     t0 = _ns()
     tasks = [schedule(d, fn) for d in w.delays]
@@ -183,12 +246,20 @@ def run_tickwheel(w: Workload) -> tuple[float, float, float, int]:
     for task in victims:
         task.cancel()
     t3 = _ns()
+    return t1 - t0, t3 - t2, len(victims)
+
+
+def run_tickwheel(w: Workload) -> tuple[float, float, float, int]:
+    clock = ManualClock(0)
+    timer = SystemTimer(name="bench", clock=clock, executor="inline")
+    schedule_ns, cancel_ns, cancels = _schedule_then_cancel(timer.schedule, w)
+    t3 = _ns()
     clock.set(MAX_DELAY_MS)
     timer.advance_clock(0)
     t4 = _ns()
     assert timer.size == 0
     timer.close()
-    return t1 - t0, t3 - t2, t4 - t3, len(victims)
+    return schedule_ns, cancel_ns, t4 - t3, cancels
 
 
 def burst_tickwheel(n: int) -> tuple[float, float]:
@@ -283,6 +354,22 @@ def burst_heapq(n: int) -> tuple[float, float]:
     timer.run_due(BURST_DELAY_MS)
     t2 = _ns()
     return t1 - t0, t2 - t1
+
+
+def run_floor(w: Workload) -> tuple[float, float, float, int]:
+    schedule_ns, cancel_ns, cancels = _schedule_then_cancel(FloorTimer().schedule, w)
+    return schedule_ns, cancel_ns, float("nan"), cancels
+
+
+def burst_floor(n: int) -> tuple[float, float]:
+    timer = FloorTimer()
+    schedule = timer.schedule
+    fn = noop
+    t0 = _ns()
+    for _ in range(n):
+        schedule(BURST_DELAY_MS, fn)
+    t1 = _ns()
+    return t1 - t0, float("nan")
 
 
 def run_sched(w: Workload, sample: int | None) -> tuple[float, float, float, int]:
@@ -410,6 +497,7 @@ def measure(
         "asyncio": (lambda: run_asyncio(w), lambda: burst_asyncio(n)),
         "heapq": (lambda: run_heapq(w), lambda: burst_heapq(n)),
         "sched": (lambda: run_sched(w, sample), lambda: burst_sched(n)),
+        "floor": (lambda: run_floor(w), lambda: burst_floor(n)),
     }
     for name, (life, burst) in runners.items():
         if name not in peers:
@@ -437,9 +525,15 @@ def measure(
         if name == "sched" and sample is not None:
             r.notes.append(f"cancel timed on a sample of {sample} (O(n) each); no lifecycle")
             r.lifecycle_ms = float("nan")
+        if name == "floor":
+            r.notes.append(
+                "not a timer: the least a thread-safe intrusive timer does (see the module doc)"
+            )
         results[name] = r
     if with_memory:
         for name, r in results.items():
+            if name == "floor":
+                continue
             gc.collect()
             r.bytes_pending, r.bytes_after_cancel = memory(name, w)
     return results
@@ -509,6 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
     parser.add_argument(
+        "--no-gc",
+        action="store_true",
+        help="disable the cyclic GC in the runs, to show its share (the targets have it on)",
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
@@ -517,8 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--peers",
-        default="tickwheel,asyncio,heapq,sched",
-        help="comma-separated implementations to run (default all four)",
+        default="tickwheel,asyncio,heapq,sched,floor",
+        help="comma-separated implementations to run (default all of them)",
     )
     args = parser.parse_args(argv)
     try:
@@ -530,11 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = set(peers) - {"tickwheel", "asyncio", "heapq", "sched"}
+    unknown = set(peers) - {"tickwheel", "asyncio", "heapq", "sched", "floor"}
     if unknown or not peers:
         parser.error(f"--peers: unknown implementation(s) {sorted(unknown)}")
     global _clock_ns
     _clock_ns = time.perf_counter_ns if args.clock == "wall" else time.thread_time_ns
+    if args.no_gc:
+        gc.disable()
     print(machine() + f", clock {args.clock}")
     print(
         "workload: delays uniform in [1, 30000] ms; cancel a random 90% in random order; "

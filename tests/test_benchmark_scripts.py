@@ -1,0 +1,44 @@
+"""The timer and asyncio benchmark scripts still run and print their tables.
+
+Tiny sizes, one run each: these tests check that the scripts work (every peer,
+the floor rows and the bound line), never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_bench_timer_prints_every_peer_and_the_floor() -> None:
+    out = _run("bench_timer.py", "--sizes", "2000", "--repeat", "1")
+    rows = {line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")}
+    assert {"tickwheel", "asyncio", "heapq", "sched", "floor"} <= rows
+    floor = next(line for line in out.splitlines() if line.startswith("| floor |"))
+    cells = [cell.strip() for cell in floor.strip("|").split("|")]
+    assert cells[3] == "n/a"  # the floor cannot fire: no fire figure, no lifecycle
+    assert cells[4] == "n/a"
+
+
+def test_bench_aio_prints_the_floor_and_its_bound() -> None:
+    out = _run("bench_aio.py", "--sizes", "2000", "--repeat", "1", "--memory-n", "1000")
+    lines = out.splitlines()
+    assert any(line.startswith("tickwheel ") for line in lines)
+    assert any(line.startswith("floor ") and " n/a " in line for line in lines)
+    bound = next(line for line in lines if line.startswith("bound:"))
+    assert bound.endswith("x asyncio")
