@@ -108,12 +108,21 @@ def write_plots(output_dir: str | Path, fmt: str = "parquet") -> list[Path]:
         # the expirations (all at exactly the timeout) into an invisible sliver.
         longest = float(resolved["latency_ms"].max() / 1000.0) if len(resolved) else 1.0
         edges = [longest * i / 60 for i in range(61)] if longest > 0 else 60
+        # Outlines on a log scale: filled bars hid the cancellations (a few
+        # hundred per bin) behind the completions (thousands per bin).
         for outcome, group in sorted(resolved.groupby("outcome")):
             seconds = group["latency_ms"].astype("float64") / 1000.0
-            ax.hist(seconds, bins=edges, alpha=0.6, label=f"{outcome} ({len(group):,})")
+            ax.hist(
+                seconds,
+                bins=edges,
+                histtype="step",
+                linewidth=1.5,
+                label=f"{outcome} ({len(group):,})",
+            )
+        ax.set_yscale("log")
         ax.legend()
     ax.set_xlabel("latency (s): resolved_at - opened_at")
-    ax.set_ylabel("operations")
+    ax.set_ylabel("operations (log scale)")
     ax.set_title("Latency per outcome")
     fig.tight_layout()
     paths.append(out / "latency.png")
