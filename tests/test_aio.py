@@ -128,7 +128,8 @@ def _layout(timer: AsyncTimer) -> tuple[Any, ...]:
         for wheel in timer._wheel.levels()
     ]
     queue = [(exp, b.level, b.index) for exp, b in timer._queue.entries()]
-    return levels, queue, timer._armed_ms, timer.size, len(timer._ready)
+    staged = [e.expiration_ms for e in timer._staged]
+    return levels, queue, staged, timer._armed_ms, timer.size, len(timer._ready)
 
 
 @pytest.mark.parametrize(("tick", "size"), [(1, 20), (7, 4)])

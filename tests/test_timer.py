@@ -219,12 +219,14 @@ def test_readd_moves_and_keeps_size(timer: SystemTimer, clock: ManualClock) -> N
     task = timer.schedule(30, ran.append, "a")
     timer.schedule(40, ran.append, "b")
     assert timer.size == 2
+    timer.snapshot()  # places the staged tasks in their buckets
     old_bucket = task.list
+    assert old_bucket is not None and old_bucket.expiration_ms == 1030
     task.delay_ms = 70
     timer.add(task)
     assert timer.size == 2
     assert task.expiration_ms == 1075
-    assert old_bucket is not None and task not in list(old_bucket)
+    assert task not in list(old_bucket)
     timer._check()
     clock.set(1045)
     timer.advance_clock(0)
@@ -284,11 +286,19 @@ def test_advance_clock_return_values(timer: SystemTimer, clock: ManualClock) -> 
     assert timer.advance_clock(0) is False
     # A bucket whose only task was cancelled is still due once: True, nothing runs.
     task = timer.schedule(20, ran.append, 20)
+    assert timer.advance_clock(0) is False  # places the staged task: its bucket is queued
     task.cancel()
     clock.advance(20)
     assert timer.advance_clock(0) is True
     assert timer.advance_clock(0) is False
     assert ran == [50]
+    # A task cancelled while still staged never reached a bucket: nothing was due.
+    task = timer.schedule(20, ran.append, 20)
+    task.cancel()
+    clock.advance(20)
+    assert timer.advance_clock(0) is False
+    assert ran == [50]
+    timer._check()
 
 
 def test_fires_at_start_of_tick_and_drains_all_due(timer: SystemTimer, clock: ManualClock) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -210,3 +210,80 @@ TimerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestTimerModel = TimerMachine.TestCase
+
+
+# -- staging is invisible ---------------------------------------------------------------
+
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(-5, 3000)),
+        st.tuples(st.just("readd"), st.integers(0, 10**6), st.integers(-5, 3000)),
+        st.tuples(st.just("advance"), st.one_of(st.integers(0, 30), st.integers(0, 5000))),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tick=st.sampled_from([1, 3, 10]),
+    size=st.sampled_from([2, 4, 20]),
+    start=st.integers(0, 10**6),
+    steps=_STEPS,
+)
+def test_staged_adds_build_kafkas_wheel(
+    tick: int, size: int, start: int, steps: list[tuple[str, int] | tuple[str, int, int]]
+) -> None:
+    """A timer that stages adds and one placed at every add (Kafka's eager ``add``) agree.
+
+    ``snapshot()`` places the staged tasks, so calling it after every add of
+    the ``eager`` twin gives Kafka's behaviour. After every step both have run
+    the same tasks in the same order at the same times, every ``advance_clock``
+    returns the same, and after every advance the wheels, buckets, tasks and
+    queue are identical.
+
+    Re-adds move only tasks that both timers hold in a bucket (added before
+    the last advance, and not moved since), and there are no cancels: a task
+    that leaves while staged never queued a bucket, where Kafka's leaves an
+    empty bucket queued (``test_advance_clock_return_values`` covers that).
+    """
+    clocks = [ManualClock(start), ManualClock(start)]
+    staged, eager = timers = [
+        SystemTimer(tick_ms=tick, wheel_size=size, clock=clock, executor="inline")
+        for clock in clocks
+    ]
+    fired: list[list[tuple[int, int]]] = [[], []]
+    tasks: list[list[TimerTask]] = [[], []]
+    placed: list[int] = []  # ids of the tasks both timers hold in a bucket
+
+    def record(side: int, task_id: int) -> None:
+        fired[side].append((task_id, clocks[side].now_ms()))
+
+    for step in steps:
+        if step[0] == "advance":
+            results = []
+            for clock, timer in zip(clocks, timers, strict=True):
+                clock.advance(step[1])
+                results.append(timer.advance_clock(0))
+            assert results[0] is results[1], f"advance_clock returned {results}"
+            assert staged.snapshot() == eager.snapshot()
+            placed = [i for i, task in enumerate(tasks[0]) if task.is_pending]
+        elif step[0] == "add":
+            task_id = len(tasks[0])
+            for side, timer in enumerate(timers):
+                task = TimerTask(step[1], record, side, task_id)
+                tasks[side].append(task)
+                timer.add(task)
+        elif placed:
+            task_id = placed.pop(step[1] % len(placed))
+            for side, timer in enumerate(timers):
+                task = tasks[side][task_id]
+                task.delay_ms = step[2]
+                timer.add(task)
+        eager.snapshot()
+        assert fired[0] == fired[1], "the two timers ran different tasks"
+        assert staged.size == eager.size
+        staged._check()
+        eager._check()
+    for timer in timers:
+        timer.close()

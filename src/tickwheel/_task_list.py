@@ -61,7 +61,11 @@ class TimerTaskEntry:
 
     @property
     def list(self) -> TimerTaskList | None:
-        """The bucket holding this entry, or None. O(1)."""
+        """The list holding this entry, or None. O(1).
+
+        That is its bucket, or, from an add until the timer's next advance, the
+        timer's staging list (see :class:`~tickwheel.SystemTimer`).
+        """
         lst = self._list
         return None if lst is CANCELLED else lst
 

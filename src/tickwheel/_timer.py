@@ -13,6 +13,15 @@ Ground rules
 * The clock is injected. ``advance_clock(timeout_ms)`` waits on wall time only
   for a clock that is not manual; on a :class:`~tickwheel.ManualClock` it never
   waits.
+* Adds are *staged* (as Netty's ``HashedWheelTimer`` queues new timeouts and
+  moves them to their buckets on the next tick): ``add`` links a task that is
+  not due at the tail of one staging list, and the next ``advance_clock`` (or
+  ``snapshot``) places the staged tasks in the wheel with
+  :meth:`TimingWheel.add_all <tickwheel.TimingWheel.add_all>`, before the wheel
+  moves. The wheel does not move in between, so each task lands in the very
+  bucket Kafka's ``add`` would have chosen, in the same order; ``size`` and
+  ``cancel`` treat a staged task as pending. A task cancelled before the next
+  advance, the common fate of a timeout, is never placed at all.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from ._clock import Clock, ManualClock, SystemClock, is_manual
 from ._delay_queue import BucketDelayQueue
 from ._snapshot import BucketSnapshot, LevelSnapshot, WheelSnapshot
 from ._task import TimerTask, check_delay_ms
-from ._task_list import CANCELLED, TaskCounter, TimerTaskEntry
+from ._task_list import CANCELLED, TaskCounter, TimerTaskEntry, TimerTaskList
 from ._wheel import TimingWheel
 
 __all__ = ["Executor", "SystemTimer", "SystemTimerReaper"]
@@ -39,6 +48,9 @@ logger = logging.getLogger("tickwheel")
 
 # Creates a TimerTask without calling __init__: ``schedule`` sets its slots itself.
 _new_task = TimerTask.__new__
+
+# The "no time" for the earliest staged expiration and a sleeper's wake-up time.
+_NEVER = 1 << 80
 
 
 class Executor(Protocol):
@@ -117,8 +129,9 @@ class _ThreadExecutor:
 class SystemTimer:
     """Kafka's ``SystemTimer``: a hierarchical timing wheel driven by a delay queue of buckets.
 
-    ``add`` costs O(1) in the number of pending tasks (O(levels), with levels
-    logarithmic in the longest delay); ``cancel`` is O(1). ``advance_clock`` jumps
+    ``add`` and ``cancel`` cost O(1): ``add`` stages the task, and placing it
+    in its bucket later costs O(levels), with levels logarithmic in the longest
+    delay (see the module doc). ``advance_clock`` jumps
     straight to the next non-empty bucket, so an idle timer costs nothing and
     there are no empty ticks.
 
@@ -171,7 +184,17 @@ class SystemTimer:
             self._queue,
             self._lock,
         )
+        # Added tasks not yet placed in the wheel (see the module doc). The list
+        # shares the timer's lock and counter, so cancel() treats it as a bucket.
+        self._staged = TimerTaskList(self._counter, self._lock, level=-1)
+        self._staged_root = self._staged._root
+        # The earliest expiration ever staged since the last placement (cancels
+        # do not raise it): when a staged task can be due at the earliest.
+        self._staged_min_ms = _NEVER
         self._waiting = 0
+        # The earliest time (ms) a thread sleeping in this timer looks again; an
+        # add staging a task due before it wakes the sleepers.
+        self._wake_at_ms = _NEVER
         self._interrupts = 0
         self._closed = False
         self._own_executor: _ThreadExecutor | None = None
@@ -196,9 +219,10 @@ class SystemTimer:
         """Schedule ``task`` to run ``task.delay_ms`` after the clock's current time.
 
         A task already due (expiration < the wheel's current time + tick, which
-        includes ``delay_ms <= 0``) goes to the executor at once. A cancelled task
-        is dropped. A task already pending in this timer is moved. O(1) in the
-        number of pending tasks (O(levels)).
+        includes ``delay_ms <= 0``) goes to the executor at once; any other is
+        staged, and the next :meth:`advance_clock` places it in its bucket (see
+        the module doc). A cancelled task is dropped. A task already pending in
+        this timer is moved. O(1).
 
         Raises RuntimeError after :meth:`close`, and ValueError for a task pending
         in another timer.
@@ -222,35 +246,26 @@ class SystemTimer:
             else:
                 expiration = task._delay_ms + self._now()
             task.expiration_ms = expiration
-            # TimingWheel.add and TimerTaskList.add, inlined: this is the hot path.
-            wheel = self._wheel
-            if expiration >= wheel._tick_end_ms:
-                while expiration >= wheel._end_ms:
-                    wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
-                tick = wheel.tick_ms
-                virtual_id = expiration // tick
-                bucket = wheel.buckets[virtual_id % wheel.wheel_size]
+            if expiration >= self._wheel._tick_end_ms:
+                # Not due: stage it (TimerTaskList.add on the staging list, inlined).
                 if lst is None:
                     self._counter.value += 1
-                else:  # a move: unlink from the old bucket; the size is unchanged
+                else:  # a move: unlink from the old list; the size is unchanged
                     nxt = task._next
                     prev = task._prev
                     nxt._prev = prev  # type: ignore[union-attr]
                     prev._next = nxt  # type: ignore[union-attr]
-                root = bucket._root
+                root = self._staged_root
                 tail = root._prev
                 task._next = root
                 task._prev = tail
-                task._list = bucket
+                task._list = self._staged
                 tail._next = task  # type: ignore[union-attr]
                 root._prev = task
-                # A bucket is (re)queued only when it starts a new range.
-                expiration = virtual_id * tick
-                if bucket._expiration_ms != expiration:
-                    bucket._expiration_ms = expiration
-                    # Wake a sleeping advance_clock only if an earlier bucket appeared.
-                    if self._queue.offer(bucket) and self._waiting:
-                        self._cond.notify_all()
+                if expiration < self._staged_min_ms:
+                    self._staged_min_ms = expiration
+                    if self._waiting:
+                        self._wake_for(expiration)
                 return
             if lst is not None:
                 lst.remove(task)
@@ -262,7 +277,7 @@ class SystemTimer:
         """Create a :class:`TimerTask` for ``fn(*args)`` after ``delay_ms``, add it, return it.
 
         The same as ``task = TimerTask(delay_ms, fn, *args); self.add(task)``.
-        O(1) in the number of pending tasks (O(levels)).
+        O(1).
         """
         if delay_ms.__class__ is not int:
             delay_ms = check_delay_ms(delay_ms)
@@ -290,26 +305,19 @@ class SystemTimer:
             else:
                 expiration = delay_ms + self._now()
             task.expiration_ms = expiration
-            wheel = self._wheel
-            if expiration >= wheel._tick_end_ms:
-                while expiration >= wheel._end_ms:
-                    wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
-                tick = wheel.tick_ms
-                virtual_id = expiration // tick
-                bucket = wheel.buckets[virtual_id % wheel.wheel_size]
+            if expiration >= self._wheel._tick_end_ms:
                 self._counter.value += 1
-                root = bucket._root
+                root = self._staged_root
                 tail = root._prev
                 task._next = root
                 task._prev = tail
-                task._list = bucket
+                task._list = self._staged
                 tail._next = task  # type: ignore[union-attr]
                 root._prev = task
-                expiration = virtual_id * tick
-                if bucket._expiration_ms != expiration:
-                    bucket._expiration_ms = expiration
-                    if self._queue.offer(bucket) and self._waiting:
-                        self._cond.notify_all()
+                if expiration < self._staged_min_ms:
+                    self._staged_min_ms = expiration
+                    if self._waiting:
+                        self._wake_for(expiration)
                 return task
             task._list = None
         finally:
@@ -326,10 +334,13 @@ class SystemTimer:
         until the first bucket is due; then, for each due bucket, advance the
         wheels to its expiration, flush it and re-insert each task, which
         cascades it to a finer level or runs it. Returns True if a bucket was
-        due, False otherwise. O(due buckets + tasks moved).
+        due, False otherwise. First the tasks staged since the last call are
+        placed in the wheel (see the module doc). O(due buckets + tasks moved +
+        tasks staged).
         """
         queue_ = self._queue
-        if timeout_ms <= 0 or self._manual:
+        staged_root = self._staged_root
+        if (timeout_ms <= 0 or self._manual) and staged_root._next is staged_root:
             # Nothing due: answer without the lock (an event-time loop calls this
             # once per event). A racing add can only make a bucket due that a
             # call an instant earlier would have missed too.
@@ -347,8 +358,10 @@ class SystemTimer:
                 return False
             clock = self._manual_clock
             now = clock._now_ms if clock is not None else self._now()
+            if staged_root._next is not staged_root:
+                to_run = self._place_staged(now)
             bucket = queue_.poll(now)
-            if bucket is None:
+            if bucket is None and not to_run:
                 if timeout_ms <= 0 or self._manual:
                     return False
                 bucket, now = self._wait_for_bucket(now, timeout_ms)
@@ -360,7 +373,7 @@ class SystemTimer:
             # of (expiration, seq, bucket)).
             heap = queue_._heap
             seq = queue_._seq
-            while True:
+            while bucket is not None:
                 expiration = bucket._expiration_ms
                 # TimingWheel.advance_clock (and _set_current), inlined.
                 level: TimingWheel | None = wheel
@@ -413,10 +426,7 @@ class SystemTimer:
                                 target._expiration_ms = expiration
                                 heappush(heap, (expiration, next(seq), target))
                         node = nxt
-                if heap and heap[0][0] <= now:
-                    bucket = heappop(heap)[2]
-                else:
-                    break
+                bucket = heappop(heap)[2] if heap and heap[0][0] <= now else None
             # Only due tasks went to to_run: they are the ones that left the wheel.
             self._counter.value -= len(to_run)
         finally:
@@ -435,8 +445,12 @@ class SystemTimer:
             while True:
                 head = queue_.head_expiration_ms()
                 wake_at = deadline if head is None or head > deadline else head
+                if wake_at < self._wake_at_ms:
+                    self._wake_at_ms = wake_at
                 self._cond.wait((wake_at - now) / 1000.0)
                 now = self._now()
+                self._wheel.add_all(self._staged)
+                self._staged_min_ms = _NEVER
                 bucket = queue_.poll(now)
                 if (
                     bucket is not None
@@ -446,21 +460,96 @@ class SystemTimer:
                 ):
                     return bucket, now
         finally:
-            self._waiting -= 1
+            self._stop_waiting()
+
+    def _stop_waiting(self) -> None:
+        """A sleeper leaves (lock held): forget its wake-up time, and let the others re-plan.
+
+        ``_wake_at_ms`` is the earliest wake-up of all sleepers; the one leaving
+        may have set it, so the rest wake up and set theirs again.
+        """
+        self._waiting -= 1
+        self._wake_at_ms = _NEVER
+        if self._waiting:
+            self._cond.notify_all()
+
+    def _wake_for(self, expiration_ms: int) -> None:
+        """A task expiring at ``expiration_ms`` was staged (lock held): wake sleepers it concerns.
+
+        Kafka wakes its reaper when an add queues an earlier bucket. A staged task
+        is placed only by the next advance, so wake the sleepers if the task can
+        be due before the earliest of them looks again.
+        """
+        if expiration_ms - expiration_ms % self._wheel.tick_ms < self._wake_at_ms:
+            self._cond.notify_all()
+
+    def _place_staged(self, now: int) -> list[TimerTaskEntry]:
+        """Place the staged tasks in the wheel (lock held); return those to run at once.
+
+        Usually that is :meth:`TimingWheel.add_all` and an empty list. One case is
+        cut short, a burst: every staged task has the same expiration, which is
+        due by ``now`` and within the finest level, and no bucket is due yet.
+        Kafka would put them all in one finest bucket, then flush it at once,
+        in order, as the only due bucket. So they go straight from the staging
+        list to the run list, and the wheels advance to that bucket as the flush
+        would have. O(tasks staged).
+        """
+        self._staged_min_ms = _NEVER
+        staged = self._staged
+        root = self._staged_root
+        wheel = self._wheel
+        heap = self._queue._heap
+        first = root._next
+        assert first is not None
+        expiration = first.expiration_ms
+        bucket_ms = expiration - expiration % wheel.tick_ms
+        if expiration < wheel._end_ms and bucket_ms <= now and (not heap or heap[0][0] > now):
+            due: list[TimerTaskEntry] = []
+            append = due.append
+            node: TimerTaskEntry = first
+            # The root's expiration is -1, never a staged one: it ends the loop.
+            while node.expiration_ms == expiration:
+                nxt = node._next
+                node._next = node._prev = node._list = None
+                append(node)
+                node = nxt  # type: ignore[assignment]
+            if node is root:
+                root._next = root._prev = root
+                wheel.advance_clock(bucket_ms)
+                return due
+            # Not a burst: put the tasks taken back in front, in order.
+            prev = root
+            for entry in due:
+                entry._prev = prev
+                entry._list = staged
+                prev._next = entry
+                prev = entry
+            prev._next = node
+            node._prev = prev
+        wheel.add_all(staged)
+        return []
 
     def _wait_for_work(self, timeout_s: float) -> None:
         """For a reaper on a manual clock: sleep until the clock moves, an add, or ``timeout_s``."""
         with self._lock:
             if self._closed:
                 return
+            now = self._now()
             head = self._queue.head_expiration_ms()
-            if head is not None and head <= self._now():
+            if head is not None and head <= now:
+                return
+            staged_min = self._staged_min_ms
+            if staged_min - staged_min % self._wheel.tick_ms <= now:
                 return
             self._waiting += 1
+            # Any clock move wakes this sleeper (the clock's listener), so it looks
+            # again at the next millisecond.
+            if now + 1 < self._wake_at_ms:
+                self._wake_at_ms = now + 1
             try:
                 self._cond.wait(timeout_s)
             finally:
-                self._waiting -= 1
+                self._stop_waiting()
 
     def _wake(self) -> None:
         """Wake every thread sleeping in this timer so it looks again (clock moved)."""
@@ -533,6 +622,8 @@ class SystemTimer:
     def snapshot(self) -> WheelSnapshot:
         """An immutable picture of all levels, buckets and the queue. O(levels × buckets + n)."""
         with self._lock:
+            self._wheel.add_all(self._staged)
+            self._staged_min_ms = _NEVER
             levels = self._wheel.levels()
             level_snaps = tuple(
                 LevelSnapshot(
@@ -559,7 +650,7 @@ class SystemTimer:
     def _check(self) -> None:
         """Assert every invariant: links, counters, bucket expirations, queue contents."""
         with self._lock:
-            held = self._wheel._check()
+            held = self._wheel._check() + self._check_staged()
             assert held == self._counter.value, f"size {self._counter.value} != {held} held"
             self._queue._check()
             queued = {id(bucket) for _, bucket in self._queue.entries()}
@@ -571,6 +662,27 @@ class SystemTimer:
                         )
                     else:
                         assert id(bucket) not in queued, f"{bucket!r} is queued without expiration"
+
+    def _check_staged(self) -> int:
+        """Assert the staging list's invariants; return its length."""
+        staged = self._staged
+        assert staged.expiration_ms == -1, "the staging list has an expiration"
+        root = self._staged_root
+        tick_end = self._wheel._tick_end_ms
+        prev = root
+        node = root._next
+        count = 0
+        while node is not root:
+            assert node is not None, "broken chain in the staging list"
+            assert node._prev is prev, "prev link does not match in the staging list"
+            assert node._list is staged, "staged entry's list is not the staging list"
+            assert node.expiration_ms >= tick_end, "a due task is staged"
+            assert node.expiration_ms >= self._staged_min_ms, "staged below the staged minimum"
+            count += 1
+            prev = node
+            node = node._next
+        assert root._prev is prev, "staging root.prev is not the tail"
+        return count
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """tickwheel.aio: the hierarchical timing wheel as an asyncio timer service.
 
 An :class:`AsyncTimer` keeps its timers in a Kafka timing wheel and holds
-exactly **one** timer of the event loop (``loop.call_at``), armed for the head
-bucket of its delay queue and re-armed only when that head changes. Scheduling
-and cancelling are O(1) (O(levels)), where ``loop.call_later`` pushes onto a heap
+exactly **one** timer of the event loop (``loop.call_at``), armed for the
+earliest bucket or staged deadline and re-armed only when that changes.
+Scheduling and cancelling are O(1) (placing a staged timer in its bucket is
+O(levels)), where ``loop.call_later`` pushes onto a heap
 in O(log n) and leaves a cancelled handle in it until the heap is rebuilt.
 
 Timers use the loop's clock (``loop.time()``, float seconds), in integer
@@ -39,7 +40,7 @@ from typing import Any, Final, TypeVar, final
 
 from ._aio_virtual import VirtualClockEventLoop
 from ._delay_queue import BucketDelayQueue
-from ._task_list import CANCELLED, TaskCounter, TimerTaskEntry
+from ._task_list import CANCELLED, TaskCounter, TimerTaskEntry, TimerTaskList
 from ._wheel import TimingWheel
 
 __all__ = [
@@ -186,6 +187,14 @@ class AsyncTimer:
     the one current when the timer was created; asyncio instead copies the
     caller's context per call, which here would double the cost of a
     ``call_later``. Pass ``context=contextvars.copy_context()`` for that.
+
+    New timers are staged, as in :class:`~tickwheel.SystemTimer`: ``call_later``
+    links the handle at the tail of a staging list and, if its deadline is the
+    earliest, re-arms the loop timer for it; the next run of the loop timer
+    places the staged handles in the wheel (:meth:`TimingWheel.add_all
+    <tickwheel.TimingWheel.add_all>`) before the wheel moves, so each lands in
+    the bucket an immediate insertion would have chosen. A timer cancelled
+    before then (most timeouts) never touches the wheel.
     """
 
     __slots__ = (
@@ -202,6 +211,8 @@ class AsyncTimer:
         "_ready",
         "_ready_scheduled",
         "_seq",
+        "_staged",
+        "_staged_root",
         "_tick_ms",
         "_time",
         "_wheel",
@@ -241,6 +252,9 @@ class AsyncTimer:
         self._context = contextvars.copy_context()
         start_ms = _floor_ms(loop.time())
         self._wheel = TimingWheel(tick_ms, wheel_size, start_ms, self._counter, self._queue)
+        # Handles not yet placed in the wheel; cancel() unlinks them like any bucket's.
+        self._staged = TimerTaskList(self._counter, level=-1)
+        self._staged_root = self._staged._root
         self._armed_ms: float = _INF  # expiration the loop timer is armed for
         self._loop_handle: asyncio.TimerHandle | None = None
         self._ready: list[TimerHandle] = []  # due at add time; run on the next iteration
@@ -251,8 +265,8 @@ class AsyncTimer:
     # -- scheduling -------------------------------------------------------------
     #
     # call_later and call_at validate their arguments and then share one body,
-    # _schedule: round the deadline up to the tick, then TimingWheel.add and
-    # TimerTaskList.add inlined (a Python call costs as much as an insertion).
+    # _schedule: round the deadline up to the tick, then stage the handle with
+    # TimerTaskList.add inlined (a Python call costs as much as the link).
 
     def call_later(
         self,
@@ -264,8 +278,9 @@ class AsyncTimer:
         """Run ``callback(*args)`` ``delay`` seconds from now; return its handle.
 
         ``delay`` must be a finite number >= 0. The callback runs in ``context``
-        if given, else in the timer's own context (see the class doc). O(1)
-        (O(levels), at most 7 with the defaults for delays up to a day).
+        if given, else in the timer's own context (see the class doc). O(1);
+        placing the staged handle later is O(levels), at most 7 with the
+        defaults for delays up to a day.
         """
         if delay.__class__ is not float or not 0.0 <= delay < _INF:
             delay = _check_delay(delay)
@@ -292,29 +307,19 @@ class AsyncTimer:
         if tick != 1:
             m = -(-m // tick) * tick
         handle.expiration_ms = m
-        wheel = self._wheel
-        if m < wheel._tick_end_ms:
+        if m < self._wheel._tick_end_ms:
             return self._add_ready(handle)
-        while m >= wheel._end_ms:
-            wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
-        tick = wheel.tick_ms
-        virtual_id = m // tick
-        bucket = wheel.buckets[virtual_id % wheel.wheel_size]
-        root = bucket._root
+        # Stage it: the next _run_due places it in the wheel (see the class doc).
+        root = self._staged_root
         tail = root._prev
         handle._next = root
         handle._prev = tail
-        handle._list = bucket
+        handle._list = self._staged
         tail._next = handle  # type: ignore[union-attr]
         root._prev = handle
         self._counter.value += 1
-        m = virtual_id * tick
-        if bucket._expiration_ms != m:
-            bucket._expiration_ms = m
-            # BucketDelayQueue.offer, inlined.
-            _heappush(self._heap, (m, next(self._seq), bucket))
-            if m < self._armed_ms:
-                self._arm(m)
+        if m < self._armed_ms:
+            self._arm(m)
         return handle
 
     def call_at(
@@ -327,7 +332,8 @@ class AsyncTimer:
         """Run ``callback(*args)`` once the loop's time reaches ``when``; return its handle.
 
         A ``when`` in the past runs on the next loop iteration. The callback runs
-        in ``context`` if given, else in the timer's own context. O(1) (O(levels)).
+        in ``context`` if given, else in the timer's own context. O(1) (placing it
+        later: O(levels)).
         """
         if when.__class__ is not float or not -_INF < when < _INF:
             when = _check_when(when)
@@ -363,29 +369,19 @@ class AsyncTimer:
         if tick != 1:
             m = -(-m // tick) * tick
         handle.expiration_ms = m
-        wheel = self._wheel
-        if m < wheel._tick_end_ms:
+        if m < self._wheel._tick_end_ms:
             return self._add_ready(handle)
-        while m >= wheel._end_ms:
-            wheel = wheel.overflow_wheel or wheel._add_overflow_wheel()
-        tick = wheel.tick_ms
-        virtual_id = m // tick
-        bucket = wheel.buckets[virtual_id % wheel.wheel_size]
-        root = bucket._root
+        # Stage it: the next _run_due places it in the wheel (see the class doc).
+        root = self._staged_root
         tail = root._prev
         handle._next = root
         handle._prev = tail
-        handle._list = bucket
+        handle._list = self._staged
         tail._next = handle  # type: ignore[union-attr]
         root._prev = handle
         self._counter.value += 1
-        m = virtual_id * tick
-        if bucket._expiration_ms != m:
-            bucket._expiration_ms = m
-            # BucketDelayQueue.offer, inlined.
-            _heappush(self._heap, (m, next(self._seq), bucket))
-            if m < self._armed_ms:
-                self._arm(m)
+        if m < self._armed_ms:
+            self._arm(m)
         return handle
 
     def _add_ready(self, handle: TimerHandle) -> TimerHandle:
@@ -442,6 +438,9 @@ class AsyncTimer:
         to_run: list[Any] = self._ready
         if to_run:
             self._ready = []
+        staged_root = self._staged_root
+        if staged_root._next is not staged_root:
+            self._wheel.add_all(self._staged)
         heap = self._heap
         if heap and heap[0][0] <= now_ms:
             # BucketDelayQueue.poll and offer, TimingWheel.advance_clock,
@@ -679,6 +678,8 @@ class AsyncTimer:
         batch, self._batch = self._batch, None
         for handle in batch or ():
             handle.cancel()  # only marks those that already ran
+        for entry in self._staged.flush():
+            entry.cancel()  # type: ignore[attr-defined]
         for wheel in self._wheel.levels():
             for bucket in wheel.buckets:
                 for entry in bucket.flush():
@@ -704,15 +705,28 @@ class AsyncTimer:
 
     def _check(self) -> None:
         """Assert the wheel's and the queue's invariants (for tests). O(n + buckets)."""
-        held = self._wheel._check()
+        staged = self._staged
+        tick_end = self._wheel._tick_end_ms
+        staged_ms = []
+        prev = self._staged_root
+        for entry in staged:
+            assert entry._prev is prev, "prev link does not match in the staging list"
+            assert entry._list is staged, "staged handle's list is not the staging list"
+            assert entry.expiration_ms >= tick_end, "a due handle is staged"
+            staged_ms.append(entry.expiration_ms)
+            prev = entry
+        assert self._staged_root._prev is prev, "staging root.prev is not the tail"
+        held = self._wheel._check() + len(staged_ms)
         assert held == self._counter.value, f"counter {self._counter.value} != held {held}"
         self._queue._check()
         head = self._queue.head_expiration_ms()
-        if head is not None and not self._closed:
-            assert self._armed_ms == head, f"armed for {self._armed_ms}, head is {head}"
+        earliest = min([*staged_ms, *([] if head is None else [head])], default=None)
+        if earliest is not None and not self._closed:
+            # A cancel never re-arms: the loop timer may be armed early, never late.
+            assert self._armed_ms <= earliest, f"armed for {self._armed_ms}, due at {earliest}"
             assert self._loop_handle is not None
-        if head is None:
-            assert self._loop_handle is None
+        if self._loop_handle is None:
+            assert earliest is None or self._closed, "pending timers but no loop timer"
 
 
 _when_of = operator.attrgetter("_when")

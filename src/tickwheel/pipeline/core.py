@@ -418,9 +418,12 @@ class PartitionProcessor:
                         "events must come in time order and not below a previous watermark"
                     )
                 clock._now_ms = now = time
-                # The head of the timer's delay queue is its earliest bucket: only
-                # when that is due can advance_clock do anything.
-                if heap and heap[0][0] <= time:
+                # The head of the timer's delay queue is its earliest bucket, and
+                # the earliest staged expiration bounds the tasks not yet placed
+                # (the wheel's tick is 1 ms): only when one of them is due can
+                # advance_clock run anything. Tasks cancelled while staged (the
+                # completed operations) are then never placed.
+                if (heap and heap[0][0] <= time) or timer._staged_min_ms <= time:
                     advance(0)
             wkey = key if single else (rule, key)
             if kind == 0:
