@@ -193,7 +193,14 @@ class TimerTaskList:
         return sum(1 for _ in self)
 
     def _check(self) -> int:
-        """Assert the list's invariants; return its length."""
+        """Assert the bucket's invariants; return its length."""
+        count = self._check_links()
+        if count:
+            assert self._expiration_ms != -1, "non-empty bucket without expiration"
+        return count
+
+    def _check_links(self) -> int:
+        """Assert the links and every entry's ``_list``; return the length."""
         root = self._root
         prev = root
         node = root._next
@@ -206,8 +213,6 @@ class TimerTaskList:
             prev = node
             node = node._next
         assert root._prev is prev, "root.prev is not the tail"
-        if count:
-            assert self._expiration_ms != -1, "non-empty bucket without expiration"
         return count
 
     def __repr__(self) -> str:

@@ -667,21 +667,11 @@ class SystemTimer:
         """Assert the staging list's invariants; return its length."""
         staged = self._staged
         assert staged.expiration_ms == -1, "the staging list has an expiration"
-        root = self._staged_root
+        count = staged._check_links()
         tick_end = self._wheel._tick_end_ms
-        prev = root
-        node = root._next
-        count = 0
-        while node is not root:
-            assert node is not None, "broken chain in the staging list"
-            assert node._prev is prev, "prev link does not match in the staging list"
-            assert node._list is staged, "staged entry's list is not the staging list"
-            assert node.expiration_ms >= tick_end, "a due task is staged"
-            assert node.expiration_ms >= self._staged_min_ms, "staged below the staged minimum"
-            count += 1
-            prev = node
-            node = node._next
-        assert root._prev is prev, "staging root.prev is not the tail"
+        for entry in staged:
+            assert entry.expiration_ms >= tick_end, "a due task is staged"
+            assert entry.expiration_ms >= self._staged_min_ms, "staged below the staged minimum"
         return count
 
     # -- lifecycle ------------------------------------------------------------

@@ -705,17 +705,10 @@ class AsyncTimer:
 
     def _check(self) -> None:
         """Assert the wheel's and the queue's invariants (for tests). O(n + buckets)."""
-        staged = self._staged
+        self._staged._check_links()
         tick_end = self._wheel._tick_end_ms
-        staged_ms = []
-        prev = self._staged_root
-        for entry in staged:
-            assert entry._prev is prev, "prev link does not match in the staging list"
-            assert entry._list is staged, "staged handle's list is not the staging list"
-            assert entry.expiration_ms >= tick_end, "a due handle is staged"
-            staged_ms.append(entry.expiration_ms)
-            prev = entry
-        assert self._staged_root._prev is prev, "staging root.prev is not the tail"
+        staged_ms = [entry.expiration_ms for entry in self._staged]
+        assert all(m >= tick_end for m in staged_ms), "a due handle is staged"
         held = self._wheel._check() + len(staged_ms)
         assert held == self._counter.value, f"counter {self._counter.value} != held {held}"
         self._queue._check()
