@@ -449,8 +449,7 @@ class SystemTimer:
                     self._wake_at_ms = wake_at
                 self._cond.wait((wake_at - now) / 1000.0)
                 now = self._now()
-                self._wheel.add_all(self._staged)
-                self._staged_min_ms = _NEVER
+                self._place_all_staged()
                 bucket = queue_.poll(now)
                 if (
                     bucket is not None
@@ -494,7 +493,6 @@ class SystemTimer:
         list to the run list, and the wheels advance to that bucket as the flush
         would have. O(tasks staged).
         """
-        self._staged_min_ms = _NEVER
         staged = self._staged
         root = self._staged_root
         wheel = self._wheel
@@ -515,6 +513,7 @@ class SystemTimer:
                 node = nxt  # type: ignore[assignment]
             if node is root:
                 root._next = root._prev = root
+                self._staged_min_ms = _NEVER
                 wheel.advance_clock(bucket_ms)
                 return due
             # Not a burst: put the tasks taken back in front, in order.
@@ -526,8 +525,13 @@ class SystemTimer:
                 prev = entry
             prev._next = node
             node._prev = prev
-        wheel.add_all(staged)
+        self._place_all_staged()
         return []
+
+    def _place_all_staged(self) -> None:
+        """Move every staged task into its bucket (lock held). O(tasks staged × levels)."""
+        self._staged_min_ms = _NEVER
+        self._wheel.add_all(self._staged)
 
     def _wait_for_work(self, timeout_s: float) -> None:
         """For a reaper on a manual clock: sleep until the clock moves, an add, or ``timeout_s``."""
@@ -622,8 +626,7 @@ class SystemTimer:
     def snapshot(self) -> WheelSnapshot:
         """An immutable picture of all levels, buckets and the queue. O(levels × buckets + n)."""
         with self._lock:
-            self._wheel.add_all(self._staged)
-            self._staged_min_ms = _NEVER
+            self._place_all_staged()
             levels = self._wheel.levels()
             level_snaps = tuple(
                 LevelSnapshot(
