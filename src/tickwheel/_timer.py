@@ -367,66 +367,8 @@ class SystemTimer:
                 bucket, now = self._wait_for_bucket(now, timeout_ms)
                 if bucket is None:
                     return False
-            wheel = self._wheel
-            append = to_run.append
-            # The delay queue's offer and poll, inlined (BucketDelayQueue is a heap
-            # of (expiration, seq, bucket)).
-            heap = queue_._heap
-            seq = queue_._seq
-            while bucket is not None:
-                expiration = bucket._expiration_ms
-                # TimingWheel.advance_clock (and _set_current), inlined.
-                level: TimingWheel | None = wheel
-                while level is not None and expiration >= level._tick_end_ms:
-                    expiration -= expiration % level.tick_ms
-                    level.current_time_ms = expiration
-                    level._tick_end_ms = expiration + level.tick_ms
-                    level._end_ms = expiration + level.interval_ms
-                    level = level.overflow_wheel
-                # TimerTaskList.flush and TimingWheel.add, inlined: walk the
-                # bucket once and move each entry straight to its new place.
-                root = bucket._root
-                node = root._next
-                root._next = root._prev = root
-                bucket._expiration_ms = -1
-                if bucket.level == 0:
-                    # The finest level was just advanced to this bucket's start,
-                    # so every one of its tasks is due.
-                    while node is not root:
-                        nxt = node._next  # type: ignore[union-attr]
-                        node._next = node._prev = node._list = None  # type: ignore[union-attr]
-                        append(node)  # type: ignore[arg-type]
-                        node = nxt
-                else:
-                    # Each entry cascades to a finer level (never this one: the
-                    # wheels now start at this bucket's expiration) or is due.
-                    first_tick = wheel._tick_end_ms
-                    while node is not root:
-                        nxt = node._next  # type: ignore[union-attr]
-                        expiration = node.expiration_ms  # type: ignore[union-attr]
-                        if expiration < first_tick:
-                            node._next = node._prev = node._list = None  # type: ignore[union-attr]
-                            append(node)  # type: ignore[arg-type]
-                        else:
-                            lower = wheel
-                            while expiration >= lower._end_ms:
-                                lower = lower.overflow_wheel  # type: ignore[assignment]
-                            tick = lower.tick_ms
-                            virtual_id = expiration // tick
-                            target = lower.buckets[virtual_id % lower.wheel_size]
-                            troot = target._root
-                            tail = troot._prev
-                            node._next = troot  # type: ignore[union-attr]
-                            node._prev = tail  # type: ignore[union-attr]
-                            node._list = target  # type: ignore[union-attr]
-                            tail._next = node  # type: ignore[union-attr]
-                            troot._prev = node
-                            expiration = virtual_id * tick
-                            if target._expiration_ms != expiration:
-                                target._expiration_ms = expiration
-                                heappush(heap, (expiration, next(seq), target))
-                        node = nxt
-                bucket = heappop(heap)[2] if heap and heap[0][0] <= now else None
+            if bucket is not None:
+                self._drain(bucket, now, to_run)
             # Only due tasks went to to_run: they are the ones that left the wheel.
             self._counter.value -= len(to_run)
         finally:
@@ -434,6 +376,87 @@ class SystemTimer:
         if to_run:
             self._dispatch(to_run)  # type: ignore[arg-type]
         return True
+
+    def _drain(self, bucket: TimerTaskList, now: int, to_run: list[TimerTaskEntry]) -> None:
+        """Flush ``bucket`` and every other bucket due at ``now`` (lock held); collect due tasks.
+
+        Each flushed bucket advances the wheels to its expiration and re-inserts
+        its tasks: each cascades to a finer level, or is due and goes to
+        ``to_run``.
+
+        The loop is ``while True`` with a break at its end, not ``while bucket
+        is not None``. CPython 3.11 specialises a function's bytecode once it
+        has warmed up, counting calls and *unconditional* backward jumps only;
+        a conditional loop (``POP_JUMP_BACKWARD_IF_*``) never counts. This is
+        called once per advance, so in the conditional form one long drain ran
+        unspecialised, at about half speed (2.6 vs 1.6 µs per fired task on
+        the timer benchmark). CPython 3.12 compiles every loop with
+        ``JUMP_BACKWARD``, so the form costs nothing there.
+        """
+        wheel = self._wheel
+        append = to_run.append
+        # The delay queue's offer and poll, inlined (BucketDelayQueue is a heap
+        # of (expiration, seq, bucket)).
+        queue_ = self._queue
+        heap = queue_._heap
+        seq = queue_._seq
+        while True:
+            expiration = bucket._expiration_ms
+            # TimingWheel.advance_clock (and _set_current), inlined.
+            level: TimingWheel | None = wheel
+            while level is not None and expiration >= level._tick_end_ms:
+                expiration -= expiration % level.tick_ms
+                level.current_time_ms = expiration
+                level._tick_end_ms = expiration + level.tick_ms
+                level._end_ms = expiration + level.interval_ms
+                level = level.overflow_wheel
+            # TimerTaskList.flush and TimingWheel.add, inlined: walk the
+            # bucket once and move each entry straight to its new place.
+            root = bucket._root
+            node = root._next
+            root._next = root._prev = root
+            bucket._expiration_ms = -1
+            if bucket.level == 0:
+                # The finest level was just advanced to this bucket's start,
+                # so every one of its tasks is due.
+                while node is not root:
+                    nxt = node._next  # type: ignore[union-attr]
+                    node._next = node._prev = node._list = None  # type: ignore[union-attr]
+                    append(node)  # type: ignore[arg-type]
+                    node = nxt
+            else:
+                # Each entry cascades to a finer level (never this one: the
+                # wheels now start at this bucket's expiration) or is due.
+                first_tick = wheel._tick_end_ms
+                while node is not root:
+                    nxt = node._next  # type: ignore[union-attr]
+                    expiration = node.expiration_ms  # type: ignore[union-attr]
+                    if expiration < first_tick:
+                        node._next = node._prev = node._list = None  # type: ignore[union-attr]
+                        append(node)  # type: ignore[arg-type]
+                    else:
+                        lower = wheel
+                        while expiration >= lower._end_ms:
+                            lower = lower.overflow_wheel  # type: ignore[assignment]
+                        tick = lower.tick_ms
+                        virtual_id = expiration // tick
+                        target = lower.buckets[virtual_id % lower.wheel_size]
+                        troot = target._root
+                        tail = troot._prev
+                        node._next = troot  # type: ignore[union-attr]
+                        node._prev = tail  # type: ignore[union-attr]
+                        node._list = target  # type: ignore[union-attr]
+                        tail._next = node  # type: ignore[union-attr]
+                        troot._prev = node
+                        expiration = virtual_id * tick
+                        if target._expiration_ms != expiration:
+                            target._expiration_ms = expiration
+                            heappush(heap, (expiration, next(seq), target))
+                    node = nxt
+            if heap and heap[0][0] <= now:
+                bucket = heappop(heap)[2]
+            else:
+                break
 
     def _wait_for_bucket(self, now: int, timeout_ms: int) -> tuple[Any, int]:
         """Sleep (lock held by caller) until a bucket is due, the timeout ends, or an interrupt."""
@@ -505,12 +528,15 @@ class SystemTimer:
             due: list[TimerTaskEntry] = []
             append = due.append
             node: TimerTaskEntry = first
-            # The root's expiration is -1, never a staged one: it ends the loop.
-            while node.expiration_ms == expiration:
+            # The root's expiration is -1, never a staged one: it ends the loop,
+            # tested at the end so that the loop warms up (see _drain).
+            while True:
                 nxt = node._next
                 node._next = node._prev = node._list = None
                 append(node)
                 node = nxt  # type: ignore[assignment]
+                if node.expiration_ms != expiration:
+                    break
             if node is root:
                 root._next = root._prev = root
                 self._staged_min_ms = _NEVER

@@ -183,7 +183,10 @@ class TimingWheel:
         queue = self._queue
         heap = queue._heap
         seq = queue._seq
-        while node is not root:
+        # ``while True`` with the test at the end: on CPython 3.11 only an
+        # unconditional backward jump warms a function up for specialisation,
+        # and this one is called once per advance (see SystemTimer._drain).
+        while True:
             assert node is not None
             nxt = node._next
             expiration = node.expiration_ms
@@ -207,6 +210,8 @@ class TimingWheel:
                 bucket._expiration_ms = expiration
                 heappush(heap, (expiration, next(seq), bucket))
             node = nxt
+            if node is root:
+                break
 
     def advance_clock(self, time_ms: int) -> None:
         """Move this level and those above to ``time_ms``, rounded down to each tick. O(levels)."""
