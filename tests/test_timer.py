@@ -361,6 +361,39 @@ def test_add_of_earlier_bucket_wakes_waiting_advance_clock() -> None:
         thread.join(WAIT_S)
 
 
+def test_staged_add_wakes_a_sleeper_only_if_due_before_it_looks_again() -> None:
+    # A staged task is placed by the next advance; an add wakes a sleeping
+    # advance_clock only when the task could be due before it wakes anyway.
+    timer = SystemTimer(name="wake-filter", clock=SystemClock(), executor="inline")
+    wakes: list[int] = []
+    notify_all = timer._cond.notify_all
+
+    def counting_notify_all() -> None:
+        wakes.append(1)
+        notify_all()
+
+    timer._cond.notify_all = counting_notify_all  # type: ignore[method-assign]
+    thread = threading.Thread(target=lambda: timer.advance_clock(60_000), name="test-advance")
+    thread.start()
+    try:
+        assert wait_until(lambda: timer._waiting == 1)
+        timer.schedule(600_000, print)  # due long after the sleeper's 60 s: no wake-up
+        assert wakes == []
+        ran = threading.Event()
+        timer.schedule(5, ran.set)  # due before: wakes it
+        assert wakes
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        for _ in range(100):
+            if ran.is_set():
+                break
+            timer.advance_clock(100)
+        assert ran.is_set()
+    finally:
+        timer.close()
+        thread.join(WAIT_S)
+
+
 def test_task_can_add_and_cancel_on_its_own_timer(timer: SystemTimer, clock: ManualClock) -> None:
     ran: list[str] = []
     victim = timer.schedule(500, ran.append, "victim")
