@@ -249,6 +249,17 @@ def _schedule_then_cancel(
     return t1 - t0, t3 - t2, len(victims)
 
 
+def _time_burst_schedules(
+    schedule: Callable[[Any, Callable[[], None]], Any], delay: Any, n: int
+) -> int:
+    """A burst's timed schedule phase: one loop for every peer with ``schedule(delay, fn)``."""
+    fn = noop
+    t0 = _ns()
+    for _ in range(n):
+        schedule(delay, fn)
+    return _ns() - t0
+
+
 def run_tickwheel(w: Workload) -> tuple[float, float, float, int]:
     clock = ManualClock(0)
     timer = SystemTimer(name="bench", clock=clock, executor="inline")
@@ -265,19 +276,14 @@ def run_tickwheel(w: Workload) -> tuple[float, float, float, int]:
 def burst_tickwheel(n: int) -> tuple[float, float]:
     clock = ManualClock(0)
     timer = SystemTimer(name="burst", clock=clock, executor="inline")
-    schedule = timer.schedule
-    fn = noop
-    delay = BURST_DELAY_MS
-    t0 = _ns()
-    for _ in range(n):
-        schedule(delay, fn)
+    schedule_ns = _time_burst_schedules(timer.schedule, BURST_DELAY_MS, n)
     t1 = _ns()
-    clock.set(delay)
+    clock.set(BURST_DELAY_MS)
     timer.advance_clock(0)
     t2 = _ns()
     assert timer.size == 0
     timer.close()
-    return t1 - t0, t2 - t1
+    return schedule_ns, t2 - t1
 
 
 def run_asyncio(w: Workload) -> tuple[float, float, float, int]:
@@ -307,12 +313,8 @@ def run_asyncio(w: Workload) -> tuple[float, float, float, int]:
 def burst_asyncio(n: int) -> tuple[float, float]:
     loop = FakeTimeLoop()
     try:
-        call_later = loop.call_later
-        fn = noop
         delay = BURST_DELAY_MS / 1000
-        t0 = _ns()
-        for _ in range(n):
-            call_later(delay, fn)
+        schedule_ns = _time_burst_schedules(loop.call_later, delay, n)
         t1 = _ns()
         loop.fake_now = delay
         loop.run_one_iteration()
@@ -320,7 +322,7 @@ def burst_asyncio(n: int) -> tuple[float, float]:
         assert not loop._scheduled  # type: ignore[attr-defined]
     finally:
         loop.close()
-    return t1 - t0, t2 - t1
+    return schedule_ns, t2 - t1
 
 
 def run_heapq(w: Workload) -> tuple[float, float, float, int]:
@@ -345,15 +347,11 @@ def run_heapq(w: Workload) -> tuple[float, float, float, int]:
 
 def burst_heapq(n: int) -> tuple[float, float]:
     timer = HeapTimer()
-    schedule = timer.schedule
-    fn = noop
-    t0 = _ns()
-    for _ in range(n):
-        schedule(BURST_DELAY_MS, fn)
+    schedule_ns = _time_burst_schedules(timer.schedule, BURST_DELAY_MS, n)
     t1 = _ns()
     timer.run_due(BURST_DELAY_MS)
     t2 = _ns()
-    return t1 - t0, t2 - t1
+    return schedule_ns, t2 - t1
 
 
 def run_floor(w: Workload) -> tuple[float, float, float, int]:
@@ -362,14 +360,7 @@ def run_floor(w: Workload) -> tuple[float, float, float, int]:
 
 
 def burst_floor(n: int) -> tuple[float, float]:
-    timer = FloorTimer()
-    schedule = timer.schedule
-    fn = noop
-    t0 = _ns()
-    for _ in range(n):
-        schedule(BURST_DELAY_MS, fn)
-    t1 = _ns()
-    return t1 - t0, float("nan")
+    return _time_burst_schedules(FloorTimer().schedule, BURST_DELAY_MS, n), float("nan")
 
 
 def run_sched(w: Workload, sample: int | None) -> tuple[float, float, float, int]:
