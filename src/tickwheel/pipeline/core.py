@@ -59,7 +59,6 @@ AFTER_EXPIRY = "after_expiry"
 NO_OPERATION = "no_operation"
 
 _NO_LIMIT = 1 << 80  # above any event time: no watermark
-_ALWAYS_DUE: list[tuple[int, ...]] = [(-(1 << 80),)]
 
 STATE_PENDING = "pending"
 STATE_EXPIRED = "expired"
@@ -384,10 +383,8 @@ class PartitionProcessor:
         assert clock is not None and timer is not None and purgatory is not None
         advance = purgatory.advance_clock
         # The timer's delay queue (a heap of buckets by expiration): its head says
-        # whether any bucket is due. Without it, advance on every new time.
-        heap = getattr(getattr(timer, "_queue", None), "_heap", None)
-        if heap is None:
-            heap = _ALWAYS_DUE
+        # whether any bucket is due. The timer is the SystemTimer made by _start.
+        heap = timer._queue._heap
         check_and_complete = purgatory.check_and_complete
         try_complete_else_watch = purgatory.try_complete_else_watch
         unmatched = self._unmatched
