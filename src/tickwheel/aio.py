@@ -177,6 +177,8 @@ class AsyncTimer:
     number of buckets per level; levels are added on demand (Kafka's overflow
     wheels), so with the defaults four levels cover 160 s and each further one
     multiplies the span by 20. ``loop`` defaults to the running loop.
+    ``loop_call_at`` (default ``loop.call_at``) arms the one loop timer; an event
+    loop that routes its own ``call_at`` to this timer passes its base class's.
 
     Only one loop timer is used, whatever the number of pending timers. The
     object is loop-thread only: call it from the loop's thread (use
@@ -223,6 +225,8 @@ class AsyncTimer:
         tick_ms: int = 1,
         wheel_size: int = 20,
         loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        loop_call_at: Callable[..., asyncio.TimerHandle] | None = None,
     ) -> None:
         if type(tick_ms) is not int or tick_ms < 1:
             raise ValueError(f"tick_ms must be an int >= 1, got {tick_ms!r}")
@@ -243,7 +247,9 @@ class AsyncTimer:
         self._time: Callable[[], float] = (
             _monotonic if time_fn is asyncio.BaseEventLoop.time else loop.time
         )
-        self._call_at_loop = loop.call_at
+        # The loop's own timer, armed through ``loop_call_at``: an event loop whose
+        # call_at is this timer's passes its base class's call_at, not to recurse.
+        self._call_at_loop = loop.call_at if loop_call_at is None else loop_call_at
         self._tick_ms = tick_ms
         self._counter = TaskCounter()
         self._queue = BucketDelayQueue()
