@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from typing import TYPE_CHECKING
 
+from ._accel import speedups
 from ._task_list import TimerTaskList
 
 __all__ = ["BucketDelayQueue"]
@@ -60,11 +62,23 @@ class BucketDelayQueue:
 
     def _check(self) -> None:
         """Assert the heap property and that every entry matches its bucket's expiration."""
-        heap = self._heap
-        for i, (exp, _seq, bucket) in enumerate(heap):
-            assert exp == bucket.expiration_ms, f"stale queue entry for {bucket!r} at {exp}"
-            for child in (2 * i + 1, 2 * i + 2):
-                if child < len(heap):
-                    assert heap[i][:2] <= heap[child][:2], "heap order broken"
-        buckets = [id(bucket) for _, _, bucket in heap]
-        assert len(buckets) == len(set(buckets)), "a bucket is queued twice"
+        check_queue(self)
+
+
+def check_queue(queue: BucketDelayQueue) -> None:
+    """Assert ``queue``'s heap property, and that each entry matches its bucket.
+
+    A function, so that the compiled twin's ``_check`` runs this same code.
+    """
+    heap = queue._heap
+    for i, (exp, _seq, bucket) in enumerate(heap):
+        assert exp == bucket.expiration_ms, f"stale queue entry for {bucket!r} at {exp}"
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < len(heap):
+                assert heap[i][:2] <= heap[child][:2], "heap order broken"
+    buckets = [id(bucket) for _, _, bucket in heap]
+    assert len(buckets) == len(set(buckets)), "a bucket is queued twice"
+
+
+if not TYPE_CHECKING and speedups is not None:
+    from ._speedups import BucketDelayQueue

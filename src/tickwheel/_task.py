@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._accel import speedups
 from ._task_list import CANCELLED, TimerTaskEntry
 
-__all__ = ["TimerTask", "check_delay_ms"]
+__all__ = ["MAX_DELAY_MS", "TimerTask", "check_delay_ms"]
+
+
+#: The largest delay, in either direction: times are int64 milliseconds on both paths.
+MAX_DELAY_MS = 1 << 62
 
 
 def check_delay_ms(value: object, name: str = "delay_ms") -> int:
-    """Return ``value`` if it is an int (not a bool); else raise TypeError naming ``name``."""
-    if type(value) is int:
-        return value
+    """Return ``value`` as an int; TypeError naming ``name`` if it is not one (or a bool).
+
+    ValueError if it is beyond ±``MAX_DELAY_MS`` (about 146 million years).
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int number of milliseconds, got {value!r}")
+    if not -MAX_DELAY_MS <= value <= MAX_DELAY_MS:
+        raise ValueError(f"{name} must be within ±2**62 ms, got {value!r}")
     return int(value)
 
 
@@ -40,8 +48,7 @@ class TimerTask(TimerTaskEntry):
     def __init__(self, delay_ms: int, fn: Callable[..., Any] | None = None, *args: Any) -> None:
         # _next and _prev stay unset until the task is linked into a bucket;
         # nothing reads them before (every reader first checks _list).
-        if type(delay_ms) is not int:
-            delay_ms = check_delay_ms(delay_ms)
+        delay_ms = check_delay_ms(delay_ms)
         if fn is not None and not callable(fn):
             raise TypeError(f"fn must be callable or None, got {fn!r}")
         self._delay_ms = delay_ms
@@ -61,13 +68,11 @@ class TimerTask(TimerTaskEntry):
     def run(self) -> None:
         """Run the task: call ``fn(*args)``. Subclasses may override. O(1) plus ``fn``."""
         call = self._call
-        if call is None:
-            return
-        if call.__class__ is tuple:
-            fn, args = call  # type: ignore[misc, unused-ignore]
+        if isinstance(call, tuple):
+            fn, args = call
             fn(*args)
-        else:
-            call()  # type: ignore[operator, unused-ignore]
+        elif call is not None:
+            call()
 
     def cancel(self) -> bool:
         """Remove the task from its timer. O(1).
@@ -82,24 +87,13 @@ class TimerTask(TimerTaskEntry):
             lst = self._list
             if lst is None or lst is CANCELLED:
                 return False
-            # Every list of a timer shares the timer's lock; take it, then make
-            # sure a concurrent flush did not move the task meanwhile. The unlink
-            # is TimerTaskList.remove inlined (this is a hot path), and the lock
-            # is taken with acquire/release, cheaper than ``with``.
-            lock = lst._lock
-            lock.acquire()
-            try:
+            # Every list of a timer shares the timer's lock. Once it is held, the
+            # task may have been moved by a concurrent flush: then look again.
+            with lst._lock:
                 if self._list is lst:
-                    nxt = self._next
-                    prev = self._prev
-                    nxt._prev = prev  # type: ignore[union-attr]
-                    prev._next = nxt  # type: ignore[union-attr]
-                    self._next = self._prev = None
+                    lst.remove(self)
                     self._list = CANCELLED
-                    lst._counter.value -= 1
                     return True
-            finally:
-                lock.release()
 
     @property
     def is_cancelled(self) -> bool:
@@ -121,3 +115,7 @@ class TimerTask(TimerTaskEntry):
             f"<{type(self).__name__} delay_ms={self._delay_ms} "
             f"expiration_ms={self.expiration_ms} {state} fn={name}>"
         )
+
+
+if not TYPE_CHECKING and speedups is not None:
+    from ._speedups import TimerTask

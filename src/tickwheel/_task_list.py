@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+from ._accel import speedups
 
 __all__ = ["CANCELLED", "TaskCounter", "TimerTaskEntry", "TimerTaskList"]
 
@@ -153,8 +155,9 @@ class TimerTaskList:
     def flush(self) -> list[TimerTaskEntry]:
         """Remove every entry, reset the expiration to -1, and return the entries in order.
 
-        Kafka's ``flush(f)`` applies ``f`` to each entry as it goes; returning them
-        lets the timer run its re-insert loop without a call per entry. O(n).
+        Kafka's ``flush(f)`` applies ``f`` to each entry as it goes; here the
+        caller loops over the returned entries, which may re-add each one to
+        another list as it goes. O(n).
         """
         root = self._root
         entries: list[TimerTaskEntry] = []
@@ -194,26 +197,11 @@ class TimerTaskList:
 
     def _check(self) -> int:
         """Assert the bucket's invariants; return its length."""
-        count = self._check_links()
-        if count:
-            assert self._expiration_ms != -1, "non-empty bucket without expiration"
-        return count
+        return check_bucket(self)
 
     def _check_links(self) -> int:
         """Assert the links and every entry's ``_list``; return the length."""
-        root = self._root
-        prev = root
-        node = root._next
-        count = 0
-        while node is not root:
-            assert node is not None, "broken chain"
-            assert node._prev is prev, "prev link does not match"
-            assert node._list is self, "entry's list is not this list"
-            count += 1
-            prev = node
-            node = node._next
-        assert root._prev is prev, "root.prev is not the tail"
-        return count
+        return check_links(self)
 
     def __repr__(self) -> str:
         return (
@@ -231,5 +219,38 @@ class _CancelledMarker(TimerTaskList):
         return "CANCELLED"
 
 
+def check_links(lst: TimerTaskList) -> int:
+    """Assert ``lst``'s links and every entry's ``_list``; return its length.
+
+    A function, not only a method, so that the compiled twin's checks run this
+    same code (see ``_accel``).
+    """
+    root = lst._root
+    prev = root
+    node = root._next
+    count = 0
+    while node is not root:
+        assert node is not None, "broken chain"
+        assert node._prev is prev, "prev link does not match"
+        assert node._list is lst, "entry's list is not this list"
+        count += 1
+        prev = node
+        node = node._next
+    assert root._prev is prev, "root.prev is not the tail"
+    return count
+
+
+def check_bucket(lst: TimerTaskList) -> int:
+    """Assert a bucket's invariants (links, and an expiration when it holds entries)."""
+    count = check_links(lst)
+    if count:
+        assert lst.expiration_ms != -1, "non-empty bucket without expiration"
+    return count
+
+
 #: Stored in ``entry._list`` once ``cancel()`` has removed the entry: the task stays cancelled.
 CANCELLED: Final[TimerTaskList] = _CancelledMarker(TaskCounter(), level=-1, index=-1)
+
+
+if not TYPE_CHECKING and speedups is not None:
+    from ._speedups import CANCELLED, TaskCounter, TimerTaskEntry, TimerTaskList

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from heapq import heappush
+from typing import TYPE_CHECKING
 
+from ._accel import speedups
 from ._delay_queue import BucketDelayQueue
 from ._task_list import CANCELLED, TaskCounter, TimerTaskEntry, TimerTaskList
 
@@ -71,11 +72,9 @@ class TimingWheel:
     * Invariant: ``current`` of level k+1 is ``current`` of level k rounded down
       to level k+1's tick.
     * ``_tick_end_ms`` (``current + tick``) and ``_end_ms`` (``current +
-      interval``) are cached so that the insertion hot paths compare an
-      expiration with one slot load instead of two loads and an addition.
-      Whoever writes ``current_time_ms`` (:meth:`advance_clock` and its inlined
-      copies in ``SystemTimer.advance_clock`` and ``AsyncTimer._run_due``) must
-      update them too (:meth:`_set_current`); ``_check`` asserts it.
+      interval``) are kept beside ``current_time_ms`` (:meth:`_set_current`
+      writes all three), so that an insertion compares an expiration with one
+      bound; ``_check`` asserts they agree.
     """
 
     __slots__ = (
@@ -148,70 +147,23 @@ class TimingWheel:
         number of levels is logarithmic in the longest delay: with the default
         1 ms × 20 buckets, four levels cover 160 s.
         """
+        expiration = entry.expiration_ms
         if entry._list is CANCELLED:
             return False
-        expiration = entry.expiration_ms
-        wheel = self
-        if expiration < wheel._tick_end_ms:
+        if expiration < self._tick_end_ms:
             return False
-        while expiration >= wheel._end_ms:
-            overflow = wheel.overflow_wheel
-            wheel = overflow if overflow is not None else wheel._add_overflow_wheel()
-        tick = wheel.tick_ms
-        virtual_id = expiration // tick
-        bucket = wheel.buckets[virtual_id % wheel.wheel_size]
-        bucket.add(entry)
-        # A bucket is (re)queued only when it starts a new range.
-        if bucket.set_expiration(virtual_id * tick):
-            wheel._queue.offer(bucket)
-        return True
-
-    def add_all(self, staged: TimerTaskList) -> None:
-        """Move every entry of ``staged`` into its bucket, in order, leaving ``staged`` empty.
-
-        The same as :meth:`add` on each entry in turn, in one pass. The timers
-        stage only entries that are not due (expiration >= current + tick) and
-        place them before the wheel moves again, so each lands in the bucket an
-        immediate ``add`` would have chosen. The task count is unchanged.
-        O(entries × levels).
-        """
-        root = staged._root
-        node = root._next
-        if node is root:
-            return
-        root._next = root._prev = root
-        queue = self._queue
-        heap = queue._heap
-        seq = queue._seq
-        # ``while True`` with the test at the end: on CPython 3.11 only an
-        # unconditional backward jump warms a function up for specialisation,
-        # and this one is called once per advance (see SystemTimer._drain).
-        while True:
-            assert node is not None
-            nxt = node._next
-            expiration = node.expiration_ms
-            wheel = self
-            while expiration >= wheel._end_ms:
-                overflow = wheel.overflow_wheel
-                wheel = overflow if overflow is not None else wheel._add_overflow_wheel()
-            tick = wheel.tick_ms
-            virtual_id = expiration // tick
-            bucket = wheel.buckets[virtual_id % wheel.wheel_size]
-            bucket_root = bucket._root
-            tail = bucket_root._prev
-            assert tail is not None
-            node._next = bucket_root
-            node._prev = tail
-            node._list = bucket
-            tail._next = node
-            bucket_root._prev = node
-            expiration = virtual_id * tick
-            if bucket._expiration_ms != expiration:
-                bucket._expiration_ms = expiration
-                heappush(heap, (expiration, next(seq), bucket))
-            node = nxt
-            if node is root:
-                break
+        if expiration < self._end_ms:
+            virtual_id = expiration // self.tick_ms
+            bucket = self.buckets[virtual_id % self.wheel_size]
+            bucket.add(entry)
+            # A bucket is (re)queued only when it starts a new range.
+            if bucket.set_expiration(virtual_id * self.tick_ms):
+                self._queue.offer(bucket)
+            return True
+        overflow = self.overflow_wheel
+        if overflow is None:
+            overflow = self._add_overflow_wheel()
+        return overflow.add(entry)
 
     def advance_clock(self, time_ms: int) -> None:
         """Move this level and those above to ``time_ms``, rounded down to each tick. O(levels)."""
@@ -232,29 +184,40 @@ class TimingWheel:
 
     def _check(self) -> int:
         """Assert every level's invariants; return the number of entries held."""
-        total = 0
-        lower: TimingWheel | None = None
-        for wheel in self.levels():
-            tick = wheel.tick_ms
-            assert wheel.current_time_ms % tick == 0, "current time not a multiple of tick"
-            assert wheel.interval_ms == tick * wheel.wheel_size
-            assert wheel._tick_end_ms == wheel.current_time_ms + tick, "stale _tick_end_ms"
-            assert wheel._end_ms == wheel.current_time_ms + wheel.interval_ms, "stale _end_ms"
-            if lower is not None:
-                assert tick == lower.interval_ms, "overflow tick != lower interval"
-                expected = lower.current_time_ms - lower.current_time_ms % tick
-                assert wheel.current_time_ms == expected, "levels' current times disagree"
-            for index, bucket in enumerate(wheel.buckets):
-                count = bucket._check()
-                total += count
-                exp = bucket.expiration_ms
-                if exp == -1:
-                    continue
-                assert exp % tick == 0, "bucket expiration not a multiple of tick"
-                assert (exp // tick) % wheel.wheel_size == index, "bucket at the wrong index"
-                for entry in bucket:
-                    assert exp <= entry.expiration_ms < exp + tick, (
-                        f"entry {entry.expiration_ms} outside bucket [{exp}, {exp + tick})"
-                    )
-            lower = wheel
-        return total
+        return check_wheel(self)
+
+
+def check_wheel(wheel: TimingWheel) -> int:
+    """Assert the invariants of ``wheel`` and the levels above; return the entries held.
+
+    A function, so that the compiled twin's ``_check`` runs this same code.
+    """
+    total = 0
+    lower: TimingWheel | None = None
+    for level in wheel.levels():
+        tick = level.tick_ms
+        assert level.current_time_ms % tick == 0, "current time not a multiple of tick"
+        assert level.interval_ms == tick * level.wheel_size
+        assert level._tick_end_ms == level.current_time_ms + tick, "stale _tick_end_ms"
+        assert level._end_ms == level.current_time_ms + level.interval_ms, "stale _end_ms"
+        if lower is not None:
+            assert tick == lower.interval_ms, "overflow tick != lower interval"
+            expected = lower.current_time_ms - lower.current_time_ms % tick
+            assert level.current_time_ms == expected, "levels' current times disagree"
+        for index, bucket in enumerate(level.buckets):
+            total += bucket._check()
+            exp = bucket.expiration_ms
+            if exp == -1:
+                continue
+            assert exp % tick == 0, "bucket expiration not a multiple of tick"
+            assert (exp // tick) % level.wheel_size == index, "bucket at the wrong index"
+            for entry in bucket:
+                assert exp <= entry.expiration_ms < exp + tick, (
+                    f"entry {entry.expiration_ms} outside bucket [{exp}, {exp + tick})"
+                )
+        lower = level
+    return total
+
+
+if not TYPE_CHECKING and speedups is not None:
+    from ._speedups import TimingWheel

@@ -33,15 +33,13 @@ import math
 import operator
 import time as _time_mod
 from collections.abc import Awaitable, Callable
-from heapq import heappop as _heappop
-from heapq import heappush as _heappush
 from types import TracebackType
-from typing import Any, Final, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
+from ._accel import speedups
 from ._aio_virtual import VirtualClockEventLoop
-from ._delay_queue import BucketDelayQueue
-from ._task_list import CANCELLED, TaskCounter, TimerTaskEntry, TimerTaskList
-from ._wheel import TimingWheel
+from ._task_list import CANCELLED, TimerTaskEntry
+from ._timer_core import NEVER, TimerCore
 
 __all__ = [
     "AsyncTimer",
@@ -60,6 +58,8 @@ __all__ = [
 _T = TypeVar("_T")
 
 _INF: Final = math.inf
+# The largest |loop time| or delay in seconds: the wheel keeps int64 milliseconds.
+_MAX_SECONDS: Final = float(1 << 62) / 1000
 _ceil = math.ceil
 _floor = math.floor
 _monotonic = _time_mod.monotonic
@@ -70,7 +70,7 @@ def _check_delay(delay: object, name: str = "delay") -> float:
     if isinstance(delay, bool) or not isinstance(delay, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {delay!r}")
     value = float(delay)
-    if not 0.0 <= value < _INF:
+    if not 0.0 <= value < _MAX_SECONDS:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {delay!r}")
     return value
 
@@ -80,7 +80,7 @@ def _check_when(when: object, name: str = "when") -> float:
     if isinstance(when, bool) or not isinstance(when, (int, float)):
         raise TypeError(f"{name} must be a loop time in seconds, got {when!r}")
     value = float(when)
-    if not -_INF < value < _INF:
+    if not -_MAX_SECONDS < value < _MAX_SECONDS:
         raise ValueError(f"{name} must be a finite loop time, got {when!r}")
     return value
 
@@ -121,6 +121,12 @@ class TimerHandle(TimerTaskEntry):
     _args: tuple[Any, ...] | None
     _when: float
 
+    def __init__(self, when: float, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+        super().__init__()
+        self._when = when
+        self._callback = callback
+        self._args = args
+
     def when(self) -> float:
         """The deadline, in the loop's time (seconds). O(1)."""
         return self._when
@@ -132,16 +138,9 @@ class TimerHandle(TimerTaskEntry):
         arguments, so their memory is freed now, not when the deadline passes.
         As in asyncio, cancelling a handle that already ran only marks it.
         """
-        lst = self._list
-        if lst is CANCELLED:
+        if self._list is CANCELLED:
             return
-        if lst is not None:
-            nxt = self._next
-            prev = self._prev
-            nxt._prev = prev  # type: ignore[union-attr]
-            prev._next = nxt  # type: ignore[union-attr]
-            self._next = self._prev = None
-            lst._counter.value -= 1
+        self.remove()
         self._list = CANCELLED
         self._callback = None
         self._args = None
@@ -152,6 +151,11 @@ class TimerHandle(TimerTaskEntry):
         A method, as on ``asyncio.Handle`` (the base entry has a property).
         """
         return self._list is CANCELLED
+
+    def _run(self) -> None:
+        """Call the callback (the timer catches what it raises)."""
+        assert self._callback is not None and self._args is not None
+        self._callback(*self._args)
 
     def _user_callback(self) -> object:
         """The callback as given (not ``context.run``), or None once cancelled."""
@@ -167,10 +171,176 @@ class TimerHandle(TimerTaskEntry):
         return f"<TimerHandle when={self._when!r} {state} {name}>"
 
 
-_new_handle = TimerHandle.__new__
+if not TYPE_CHECKING and speedups is not None:
+    TimerHandle = speedups.TimerHandle
 
 
-class AsyncTimer:
+class _AsyncTimerCore(TimerCore):
+    """AsyncTimer's hot half: scheduling, the one loop timer, and running due callbacks.
+
+    Its compiled twin is ``tickwheel._speedups.AsyncTimerCore``; the rest of
+    :class:`AsyncTimer` is shared. The wheel itself is :class:`TimerCore`'s, as
+    in :class:`~tickwheel.SystemTimer`.
+    """
+
+    # Set by AsyncTimer.__init__ (declared here for the type checker).
+    _loop: asyncio.AbstractEventLoop
+    _time: Callable[[], float]
+    _call_at_loop: Callable[..., asyncio.TimerHandle]
+    _context: contextvars.Context
+    _armed_ms: int
+    _loop_handle: asyncio.TimerHandle | None
+    _ready: list[TimerHandle]
+    _ready_scheduled: bool
+    _batch: list[TimerHandle] | None
+    _closed: bool
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` ``delay`` seconds from now; return its handle.
+
+        ``delay`` must be a finite number >= 0. The callback runs in ``context``
+        if given, else in the timer's own context (see the class doc). O(1);
+        placing the staged handle later is O(levels), at most 7 with the
+        defaults for delays up to a day.
+        """
+        delay = _check_delay(delay)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        if context is not None:
+            return self._schedule(self._time() + delay, context.run, (callback, *args))
+        return self._schedule(self._time() + delay, callback, args)
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` once the loop's time reaches ``when``; return its handle.
+
+        A ``when`` in the past runs on the next loop iteration. The callback runs
+        in ``context`` if given, else in the timer's own context. O(1) (placing it
+        later: O(levels)).
+        """
+        when = _check_when(when)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        if context is not None:
+            return self._schedule(when, context.run, (callback, *args))
+        return self._schedule(when, callback, args)
+
+    def _schedule(
+        self, when: float, callback: Callable[..., object], args: tuple[Any, ...]
+    ) -> TimerHandle:
+        """``call_at`` without the argument checks or a context: ``when`` is a finite float.
+
+        The deadline is rounded up to a whole tick; a handle due for the wheel
+        already runs on the next loop iteration. Otherwise it is staged, and
+        the loop timer re-armed if it is now the earliest.
+        """
+        if self._closed:
+            raise RuntimeError("AsyncTimer is closed")
+        handle = TimerHandle(when, callback, args)
+        tick = self._wheel.tick_ms
+        handle.expiration_ms = -(-_ceil_ms(when) // tick) * tick
+        if not self._add_entry(handle):
+            self._ready.append(handle)
+            if not self._ready_scheduled:
+                self._ready_scheduled = True
+                self._loop.call_soon(self._on_ready, context=self._context)
+        elif handle.expiration_ms < self._armed_ms:
+            self._arm(handle.expiration_ms)
+        return handle
+
+    # -- the loop timer -------------------------------------------------------
+
+    def _arm(self, expiration_ms: int) -> None:
+        """Point the one loop timer at ``expiration_ms``. O(log of the loop's heap)."""
+        self._disarm()
+        self._armed_ms = expiration_ms
+        self._loop_handle = self._call_at_loop(
+            expiration_ms / 1000, self._run_due, context=self._context
+        )
+
+    def _disarm(self) -> None:
+        """Release the loop timer, if held."""
+        if self._loop_handle is not None:
+            self._loop_handle.cancel()
+            self._loop_handle = None
+        self._armed_ms = NEVER
+
+    def _on_ready(self) -> None:
+        """Run handles that were already due when scheduled."""
+        self._ready_scheduled = False
+        self._run_due(False)
+
+    def _run_due(self, fired: bool = True) -> None:
+        """Flush every due bucket (cascading coarse ones), re-arm, then run callbacks in order.
+
+        The loop timer calls it (``fired``), as does ``_on_ready``. Callbacks run
+        in deadline order; one that raises goes to the loop's exception handler
+        and the rest still run. O(due buckets + entries moved or run).
+        """
+        if fired:
+            self._loop_handle = None
+            self._armed_ms = NEVER
+        if self._closed:
+            return
+        due: list[TimerTaskEntry] = list(self._ready)
+        self._ready.clear()
+        self._advance(_floor_ms(self._time()), due)
+        # Re-arm for the new head before running callbacks, which may add timers.
+        if self._counter.value == 0:
+            # Only empty buckets are left (all cancelled): forget them.
+            self._clear()
+            self._disarm()
+        else:
+            head = self._next_expiration_ms()
+            if head != self._armed_ms:
+                self._arm(head)
+        if due:
+            self._run_handles(sorted(due, key=_when_of))  # type: ignore[arg-type]
+
+    def _run_handles(self, handles: list[TimerHandle]) -> None:
+        """Run each handle not cancelled meanwhile; report what a callback raises."""
+        self._batch = handles  # so that close() from a callback cancels the rest
+        for i, handle in enumerate(handles):
+            if handle._list is CANCELLED:
+                continue
+            try:
+                handle._run()
+            except (SystemExit, KeyboardInterrupt):
+                # Keep the rest for the next iteration, then let it propagate.
+                rest = handles[i + 1 :]
+                if rest:
+                    self._ready[:0] = rest
+                    if not self._ready_scheduled:
+                        self._ready_scheduled = True
+                        self._loop.call_soon(self._on_ready, context=self._context)
+                raise
+            except BaseException as exc:
+                self._loop.call_exception_handler(
+                    {
+                        "message": f"Exception in callback {handle._user_callback()!r}",
+                        "exception": exc,
+                        "handle": handle,
+                    }
+                )
+        self._batch = None
+
+
+if not TYPE_CHECKING and speedups is not None:
+    _AsyncTimerCore = speedups.AsyncTimerCore
+
+
+class AsyncTimer(_AsyncTimerCore):
     """A hierarchical timing wheel driven by an asyncio event loop.
 
     ``tick_ms`` is the finest resolution in milliseconds, ``wheel_size`` the
@@ -193,32 +363,10 @@ class AsyncTimer:
     New timers are staged, as in :class:`~tickwheel.SystemTimer`: ``call_later``
     links the handle at the tail of a staging list and, if its deadline is the
     earliest, re-arms the loop timer for it; the next run of the loop timer
-    places the staged handles in the wheel (:meth:`TimingWheel.add_all
-    <tickwheel.TimingWheel.add_all>`) before the wheel moves, so each lands in
-    the bucket an immediate insertion would have chosen. A timer cancelled
-    before then (most timeouts) never touches the wheel.
+    places the staged handles in the wheel before the wheel moves, so each
+    lands in the bucket an immediate insertion would have chosen. A timer
+    cancelled before then (most timeouts) never touches the wheel.
     """
-
-    __slots__ = (
-        "_armed_ms",
-        "_batch",
-        "_call_at_loop",
-        "_closed",
-        "_context",
-        "_counter",
-        "_heap",
-        "_loop",
-        "_loop_handle",
-        "_queue",
-        "_ready",
-        "_ready_scheduled",
-        "_seq",
-        "_staged",
-        "_staged_root",
-        "_tick_ms",
-        "_time",
-        "_wheel",
-    )
 
     def __init__(
         self,
@@ -241,331 +389,21 @@ class AsyncTimer:
                 ) from None
         elif not isinstance(loop, asyncio.AbstractEventLoop):
             raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
+        super().__init__(tick_ms, wheel_size, _floor_ms(loop.time()))
         self._loop = loop
         # BaseEventLoop.time() is time.monotonic() behind a Python call: skip the call.
         time_fn = getattr(type(loop), "time", None)
-        self._time: Callable[[], float] = (
-            _monotonic if time_fn is asyncio.BaseEventLoop.time else loop.time
-        )
+        self._time = _monotonic if time_fn is asyncio.BaseEventLoop.time else loop.time
         # The loop's own timer, armed through ``loop_call_at``: an event loop whose
         # call_at is this timer's passes its base class's call_at, not to recurse.
         self._call_at_loop = loop.call_at if loop_call_at is None else loop_call_at
-        self._tick_ms = tick_ms
-        self._counter = TaskCounter()
-        self._queue = BucketDelayQueue()
-        self._heap = self._queue._heap  # the hot paths push and pop it directly
-        self._seq = self._queue._seq
         self._context = contextvars.copy_context()
-        start_ms = _floor_ms(loop.time())
-        self._wheel = TimingWheel(tick_ms, wheel_size, start_ms, self._counter, self._queue)
-        # Handles not yet placed in the wheel; cancel() unlinks them like any bucket's.
-        self._staged = TimerTaskList(self._counter, level=-1)
-        self._staged_root = self._staged._root
-        self._armed_ms: float = _INF  # expiration the loop timer is armed for
-        self._loop_handle: asyncio.TimerHandle | None = None
-        self._ready: list[TimerHandle] = []  # due at add time; run on the next iteration
+        self._armed_ms = NEVER  # expiration the loop timer is armed for
+        self._loop_handle = None
+        self._ready = []  # due at add time; run on the next iteration
         self._ready_scheduled = False
-        self._batch: list[TimerHandle] | None = None  # the callbacks now running
+        self._batch = None  # the callbacks now running
         self._closed = False
-
-    # -- scheduling -------------------------------------------------------------
-    #
-    # call_later and call_at validate their arguments and then share one body,
-    # _schedule: round the deadline up to the tick, then stage the handle with
-    # TimerTaskList.add inlined (a Python call costs as much as the link).
-
-    def call_later(
-        self,
-        delay: float,
-        callback: Callable[..., object],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> TimerHandle:
-        """Run ``callback(*args)`` ``delay`` seconds from now; return its handle.
-
-        ``delay`` must be a finite number >= 0. The callback runs in ``context``
-        if given, else in the timer's own context (see the class doc). O(1);
-        placing the staged handle later is O(levels), at most 7 with the
-        defaults for delays up to a day.
-        """
-        if delay.__class__ is not float or not 0.0 <= delay < _INF:
-            delay = _check_delay(delay)
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, got {callback!r}")
-        if context is not None:
-            return self._schedule(self._time() + delay, context.run, (callback, *args))
-        # _schedule, inlined on purpose: call_later is the hot path and a Python
-        # call costs ~50 ns on CPython 3.11. Keep this copy in step with
-        # _schedule (test_call_later_places_handles_exactly_like_call_at).
-        if self._closed:
-            raise RuntimeError("AsyncTimer is closed")
-        when = self._time() + delay
-        handle = _new_handle(TimerHandle)
-        handle._when = when
-        handle._callback = callback
-        handle._args = args
-        m = _ceil(when * 1000.0)
-        if m / 1000 < when:
-            m += 1
-        elif (m - 1) / 1000 >= when:
-            m -= 1
-        tick = self._tick_ms
-        if tick != 1:
-            m = -(-m // tick) * tick
-        handle.expiration_ms = m
-        if m < self._wheel._tick_end_ms:
-            return self._add_ready(handle)
-        # Stage it: the next _run_due places it in the wheel (see the class doc).
-        root = self._staged_root
-        tail = root._prev
-        handle._next = root
-        handle._prev = tail
-        handle._list = self._staged
-        tail._next = handle  # type: ignore[union-attr]
-        root._prev = handle
-        self._counter.value += 1
-        if m < self._armed_ms:
-            self._arm(m)
-        return handle
-
-    def call_at(
-        self,
-        when: float,
-        callback: Callable[..., object],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> TimerHandle:
-        """Run ``callback(*args)`` once the loop's time reaches ``when``; return its handle.
-
-        A ``when`` in the past runs on the next loop iteration. The callback runs
-        in ``context`` if given, else in the timer's own context. O(1) (placing it
-        later: O(levels)).
-        """
-        if when.__class__ is not float or not -_INF < when < _INF:
-            when = _check_when(when)
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, got {callback!r}")
-        if context is None:
-            return self._schedule(when, callback, args)
-        return self._schedule(when, context.run, (callback, *args))
-
-    def _schedule(
-        self,
-        when: float,
-        callback: Callable[..., object],
-        args: tuple[Any, ...],
-    ) -> TimerHandle:
-        """``call_at`` without the argument checks or a context: ``when`` is a finite float.
-
-        ``call_later`` holds an inlined copy of this body (its hot path); change both.
-        """
-        if self._closed:
-            raise RuntimeError("AsyncTimer is closed")
-        handle = _new_handle(TimerHandle)
-        handle._when = when
-        handle._callback = callback
-        handle._args = args
-        # Round up: the smallest m with m / 1000 >= when, then up to a tick multiple.
-        m = _ceil(when * 1000.0)
-        if m / 1000 < when:
-            m += 1
-        elif (m - 1) / 1000 >= when:
-            m -= 1
-        tick = self._tick_ms
-        if tick != 1:
-            m = -(-m // tick) * tick
-        handle.expiration_ms = m
-        if m < self._wheel._tick_end_ms:
-            return self._add_ready(handle)
-        # Stage it: the next _run_due places it in the wheel (see the class doc).
-        root = self._staged_root
-        tail = root._prev
-        handle._next = root
-        handle._prev = tail
-        handle._list = self._staged
-        tail._next = handle  # type: ignore[union-attr]
-        root._prev = handle
-        self._counter.value += 1
-        if m < self._armed_ms:
-            self._arm(m)
-        return handle
-
-    def _add_ready(self, handle: TimerHandle) -> TimerHandle:
-        """``handle`` is due for the wheel already: run it on the next loop iteration."""
-        handle._list = None
-        self._ready.append(handle)
-        if not self._ready_scheduled:
-            self._ready_scheduled = True
-            self._loop.call_soon(self._on_ready, context=self._context)
-        return handle
-
-    # -- the loop timer -------------------------------------------------------
-
-    def _arm(self, expiration_ms: int) -> None:
-        """Point the one loop timer at ``expiration_ms``. O(log of the loop's heap)."""
-        old = self._loop_handle
-        if old is not None:
-            old.cancel()
-        self._armed_ms = expiration_ms
-        self._loop_handle = self._call_at_loop(
-            expiration_ms / 1000, self._run_due, context=self._context
-        )
-
-    def _disarm(self) -> None:
-        old = self._loop_handle
-        if old is not None:
-            old.cancel()
-            self._loop_handle = None
-        self._armed_ms = _INF
-
-    def _on_ready(self) -> None:
-        """Run handles that were already due when scheduled."""
-        self._ready_scheduled = False
-        self._run_due(False)
-
-    def _run_due(self, fired: bool = True) -> None:
-        """Flush every due bucket (cascading coarse ones), re-arm, then run callbacks in order.
-
-        The loop timer calls it (``fired``), as does ``_on_ready``. O(due
-        buckets + entries moved or run).
-        """
-        if fired:
-            self._loop_handle = None
-            self._armed_ms = _INF
-        if self._closed:
-            return
-        now = self._time()
-        # The largest m with m / 1000 <= now: a bucket b is due iff b / 1000 <= now.
-        now_ms = _floor(now * 1000.0)
-        if now_ms / 1000 > now:
-            now_ms -= 1
-        elif (now_ms + 1) / 1000 <= now:
-            now_ms += 1
-        to_run: list[Any] = self._ready
-        if to_run:
-            self._ready = []
-        staged_root = self._staged_root
-        if staged_root._next is not staged_root:
-            self._wheel.add_all(self._staged)
-        heap = self._heap
-        if heap and heap[0][0] <= now_ms:
-            # BucketDelayQueue.poll and offer, TimingWheel.advance_clock,
-            # TimerTaskList.flush and TimingWheel.add inlined: the queue is a heap
-            # of (expiration, seq, bucket).
-            if not to_run:
-                to_run = []
-            append = to_run.append
-            wheel0 = self._wheel
-            seq = self._seq
-            moved_out = 0
-            while heap and heap[0][0] <= now_ms:
-                bucket = _heappop(heap)[2]
-                # TimingWheel.advance_clock: each level to the bucket's start,
-                # rounded down to its tick.
-                m = bucket._expiration_ms
-                wheel: Any = wheel0
-                while wheel is not None and m >= wheel._tick_end_ms:
-                    m -= m % wheel.tick_ms
-                    wheel.current_time_ms = m
-                    wheel._tick_end_ms = m + wheel.tick_ms
-                    wheel._end_ms = m + wheel.interval_ms
-                    wheel = wheel.overflow_wheel
-                root = bucket._root
-                node: Any = root._next
-                root._next = root._prev = root
-                bucket._expiration_ms = -1
-                if bucket.level == 0:
-                    # Keys are tick multiples: a finest-level bucket holds one key, now due.
-                    while node is not root:
-                        nxt = node._next
-                        node._next = node._prev = node._list = None
-                        append(node)
-                        moved_out += 1
-                        node = nxt
-                    continue
-                # A coarser bucket: cascade each entry down to the level that now covers it.
-                first_tick = wheel0._tick_end_ms
-                while node is not root:
-                    nxt = node._next
-                    m = node.expiration_ms
-                    if m < first_tick:
-                        node._next = node._prev = node._list = None
-                        append(node)
-                        moved_out += 1
-                        node = nxt
-                        continue
-                    wheel = wheel0
-                    while m >= wheel._end_ms:
-                        wheel = wheel.overflow_wheel
-                    tick = wheel.tick_ms
-                    virtual_id = m // tick
-                    target = wheel.buckets[virtual_id % wheel.wheel_size]
-                    troot = target._root
-                    tail = troot._prev
-                    node._next = troot
-                    node._prev = tail
-                    node._list = target
-                    tail._next = node
-                    troot._prev = node
-                    m = virtual_id * tick
-                    if target._expiration_ms != m:
-                        target._expiration_ms = m
-                        _heappush(heap, (m, next(seq), target))
-                    node = nxt
-            self._counter.value -= moved_out
-        # Re-arm for the new head before running callbacks, which may add timers.
-        if heap:
-            if self._counter.value == 0:
-                # Only empty buckets are left (all cancelled): forget them.
-                while heap:
-                    _heappop(heap)[2].set_expiration(-1)
-                self._disarm()
-            elif heap[0][0] != self._armed_ms:
-                # _arm, inlined.
-                head = heap[0][0]
-                old = self._loop_handle
-                if old is not None:
-                    old.cancel()
-                self._armed_ms = head
-                self._loop_handle = self._call_at_loop(
-                    head / 1000, self._run_due, context=self._context
-                )
-        elif self._loop_handle is not None:
-            self._disarm()
-        if not to_run:
-            return
-        if len(to_run) > 1:
-            to_run.sort(key=_when_of)
-        self._batch = to_run  # so that close() from a callback cancels the rest
-        i = 0
-        n = len(to_run)
-        while i < n:
-            handle = to_run[i]
-            try:
-                while i < n:
-                    handle = to_run[i]
-                    i += 1
-                    if handle._list is CANCELLED:
-                        continue
-                    handle._callback(*handle._args)
-            except (SystemExit, KeyboardInterrupt):
-                # Keep the rest for the next iteration, then let it propagate.
-                rest = to_run[i:]
-                if rest:
-                    self._ready[:0] = rest
-                    if not self._ready_scheduled:
-                        self._ready_scheduled = True
-                        self._loop.call_soon(self._on_ready, context=self._context)
-                raise
-            except BaseException as exc:
-                self._loop.call_exception_handler(
-                    {
-                        "message": f"Exception in callback {handle._user_callback()!r}",
-                        "exception": exc,
-                        "handle": handle,
-                    }
-                )
-        self._batch = None
 
     # -- coroutines and context managers --------------------------------------
 
@@ -575,7 +413,7 @@ class AsyncTimer:
         ``delay`` 0 just yields once. Cancelling the sleeping task frees the timer
         at once. O(1) to schedule.
         """
-        if delay.__class__ is not float or not 0.0 <= delay < _INF:
+        if delay.__class__ is not float or not 0.0 <= delay < _MAX_SECONDS:
             delay = _check_delay(delay)
         if self._closed:
             raise RuntimeError("AsyncTimer is closed")
@@ -643,24 +481,12 @@ class AsyncTimer:
     @property
     def size(self) -> int:
         """Number of timers neither run nor cancelled. O(1) plus the due ones about to run."""
-        ready = self._ready
-        if ready:
-            return self._counter.value + sum(1 for h in ready if h._list is not CANCELLED)
-        return self._counter.value
+        ready = sum(1 for h in self._ready if h._list is not CANCELLED)
+        return self._counter.value + ready
 
     def __len__(self) -> int:
         """Same as :attr:`size`."""
         return self.size
-
-    @property
-    def tick_ms(self) -> int:
-        """The finest level's tick, in milliseconds. O(1)."""
-        return self._tick_ms
-
-    @property
-    def wheel_size(self) -> int:
-        """Buckets per level. O(1)."""
-        return self._wheel.wheel_size
 
     @property
     def closed(self) -> bool:
@@ -679,20 +505,10 @@ class AsyncTimer:
         self._closed = True
         self._disarm()
         ready, self._ready = self._ready, []
-        for handle in ready:
-            handle.cancel()
         batch, self._batch = self._batch, None
-        for handle in batch or ():
-            handle.cancel()  # only marks those that already ran
-        for entry in self._staged.flush():
-            entry.cancel()  # type: ignore[attr-defined]
-        for wheel in self._wheel.levels():
-            for bucket in wheel.buckets:
-                for entry in bucket.flush():
-                    entry.cancel()  # type: ignore[attr-defined]
-        queue = self._queue
-        while (queued := queue.poll(2**63)) is not None:
-            queued.set_expiration(-1)
+        # Those of the batch that already ran are only marked, as in asyncio.
+        for handle in [*ready, *(batch or ()), *self._clear()]:
+            handle.cancel()
 
     async def __aenter__(self) -> AsyncTimer:
         return self
@@ -707,25 +523,18 @@ class AsyncTimer:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"size={self.size}"
-        return f"<AsyncTimer tick_ms={self._tick_ms} wheel_size={self.wheel_size} {state}>"
+        return f"<AsyncTimer tick_ms={self.tick_ms} wheel_size={self.wheel_size} {state}>"
 
     def _check(self) -> None:
         """Assert the wheel's and the queue's invariants (for tests). O(n + buckets)."""
-        self._staged._check_links()
-        tick_end = self._wheel._tick_end_ms
-        staged_ms = [entry.expiration_ms for entry in self._staged]
-        assert all(m >= tick_end for m in staged_ms), "a due handle is staged"
-        held = self._wheel._check() + len(staged_ms)
-        assert held == self._counter.value, f"counter {self._counter.value} != held {held}"
-        self._queue._check()
-        head = self._queue.head_expiration_ms()
-        earliest = min([*staged_ms, *([] if head is None else [head])], default=None)
-        if earliest is not None and not self._closed:
+        super()._check()
+        earliest = self._next_expiration_ms()
+        if earliest != NEVER and not self._closed:
             # A cancel never re-arms: the loop timer may be armed early, never late.
             assert self._armed_ms <= earliest, f"armed for {self._armed_ms}, due at {earliest}"
             assert self._loop_handle is not None
         if self._loop_handle is None:
-            assert earliest is None or self._closed, "pending timers but no loop timer"
+            assert earliest == NEVER or self._closed, "pending timers but no loop timer"
 
 
 _when_of = operator.attrgetter("_when")
