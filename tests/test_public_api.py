@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 
 import tickwheel
 
 EXPECTED = {
+    "COMPILED",
     "BucketSnapshot",
     "Clock",
     "DelayedFuturePurgatory",
@@ -38,7 +42,7 @@ def test_every_public_name_has_a_docstring() -> None:
     assert isinstance(tickwheel.__version__, str)
     for name in tickwheel.__all__:
         obj = getattr(tickwheel, name)
-        if name == "__version__":
+        if name in ("__version__", "COMPILED"):
             continue
         assert inspect.getdoc(obj), f"{name} has no docstring"
         if inspect.isclass(obj):
@@ -47,3 +51,22 @@ def test_every_public_name_has_a_docstring() -> None:
                     continue
                 if callable(member) or isinstance(member, property):
                     assert inspect.getdoc(member), f"{name}.{attr} has no docstring"
+
+
+def test_compiled_says_which_path_runs() -> None:
+    expected_module = "tickwheel._speedups" if tickwheel.COMPILED else "tickwheel._task"
+    assert tickwheel.TimerTask.__module__ == expected_module
+    env = {**os.environ, "TICKWHEEL_NO_EXTENSIONS": "1"}
+    code = "import tickwheel; print(tickwheel.COMPILED, tickwheel.TimerTask.__module__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["False", "tickwheel._task"]
+    version = subprocess.run(
+        [sys.executable, "-m", "tickwheel", "--version"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert version.stdout.strip() == f"tickwheel {tickwheel.__version__} (pure Python core)"

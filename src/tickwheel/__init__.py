@@ -10,9 +10,14 @@ The timer core imports nothing outside the standard library::
         clock.advance(30_000)
         timer.advance_clock(0)
 
+The hot classes run compiled (Cython) when the extension was built at
+install, and as pure Python otherwise; both behave the same. ``COMPILED``
+says which path is in use; ``TICKWHEEL_NO_EXTENSIONS=1`` forces pure Python.
+
 See ``docs/`` for the design, the benchmarks and the pipeline.
 """
 
+from ._accel import COMPILED
 from ._clock import Clock, ManualClock, SystemClock
 from ._delayed_future import DelayedFuturePurgatory
 from ._purgatory import DelayedOperation, DelayedOperationPurgatory
@@ -25,6 +30,7 @@ from ._wheel import TimingWheel
 __version__ = "0.1.0"
 
 __all__ = [
+    "COMPILED",
     "BucketSnapshot",
     "Clock",
     "DelayedFuturePurgatory",

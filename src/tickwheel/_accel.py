@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from types import ModuleType
 
-__all__ = ["COMPILED", "speedups"]
+__all__ = ["COMPILED", "load_pure", "speedups"]
 
 speedups: ModuleType | None = None
 if not os.environ.get("TICKWHEEL_NO_EXTENSIONS"):
@@ -28,3 +29,31 @@ if not os.environ.get("TICKWHEEL_NO_EXTENSIONS"):
 
 #: True when the compiled core is in use.
 COMPILED: bool = speedups is not None
+
+
+def load_pure() -> ModuleType:
+    """A second, independent copy of the ``tickwheel`` package on the pure-Python path.
+
+    For tests and benchmarks that run both paths side by side in one process
+    (as CPython's ``test.support.import_helper.import_fresh_module`` does for
+    ``heapq``). Its classes are distinct from the running package's; its
+    submodules are attributes of the returned package (``pure.aio``). The
+    running package's modules are left as they were.
+    """
+    own = {name: mod for name, mod in sys.modules.items() if name.partition(".")[0] == "tickwheel"}
+    saved_env = os.environ.get("TICKWHEEL_NO_EXTENSIONS")
+    for name in own:
+        del sys.modules[name]
+    os.environ["TICKWHEEL_NO_EXTENSIONS"] = "1"
+    try:
+        pure = importlib.import_module("tickwheel")
+        importlib.import_module("tickwheel.aio")
+    finally:
+        if saved_env is None:
+            del os.environ["TICKWHEEL_NO_EXTENSIONS"]
+        else:
+            os.environ["TICKWHEEL_NO_EXTENSIONS"] = saved_env
+        for name in [name for name in sys.modules if name.partition(".")[0] == "tickwheel"]:
+            del sys.modules[name]
+        sys.modules.update(own)
+    return pure

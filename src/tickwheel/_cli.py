@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from . import __version__
+from ._accel import COMPILED
 from ._trace import EXAMPLE_DELAYS, EXAMPLE_START_MS, render_trace, run_trace
 
 __all__ = ["main"]
@@ -80,6 +82,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tickwheel", description="Kafka's hierarchical timing wheel for Python."
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"tickwheel {__version__} ({'compiled' if COMPILED else 'pure Python'} core)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

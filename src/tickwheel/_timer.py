@@ -38,7 +38,7 @@ from ._clock import Clock, ManualClock, SystemClock, is_manual
 from ._snapshot import WheelSnapshot
 from ._task import TimerTask
 from ._task_list import CANCELLED, TimerTaskEntry
-from ._timer_core import NEVER, TimerCore
+from ._timer_core import NEVER, Lock, TimerCore
 
 __all__ = ["Executor", "SystemTimer", "SystemTimerReaper"]
 
@@ -265,7 +265,7 @@ class SystemTimer(_SystemTimerCore):
         self._system_clock = type(self.clock) is SystemClock
         # The one lock of this timer (see the module doc); the condition lets
         # advance_clock sleep until a bucket is due or an add stages an earlier task.
-        lock = threading.Lock()
+        lock = Lock()
         super().__init__(tick_ms, wheel_size, self._now() if start_ms is None else start_ms, lock)
         self._cond = threading.Condition(lock)
         self._waiting = 0

@@ -39,7 +39,11 @@ from ._snapshot import BucketSnapshot, LevelSnapshot, WheelSnapshot
 from ._task_list import TaskCounter, TimerTaskEntry, TimerTaskList
 from ._wheel import TimingWheel
 
-__all__ = ["NEVER", "TimerCore"]
+__all__ = ["NEVER", "Lock", "TimerCore"]
+
+#: The lock type of a timer: every list of the timer shares one. (The compiled
+#: twin is a lock its C code takes without a Python call.)
+Lock = threading.Lock
 
 #: The "no time" (the largest int64): the earliest staged expiration when
 #: nothing is staged, and the like. Times are int64 milliseconds on both paths.
@@ -57,7 +61,7 @@ class TimerCore:
     def __init__(
         self, tick_ms: int, wheel_size: int, start_ms: int, lock: threading.Lock | None = None
     ) -> None:
-        self._lock = lock if lock is not None else threading.Lock()
+        self._lock = lock if lock is not None else Lock()
         self._counter = TaskCounter()
         self._queue = BucketDelayQueue()
         self._wheel = TimingWheel(

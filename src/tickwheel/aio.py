@@ -165,7 +165,13 @@ class TimerHandle(TimerTaskEntry):
         return cb
 
     def __repr__(self) -> str:
-        state = "cancelled" if self._list is CANCELLED else "pending" if self._list else "idle"
+        state = (
+            "cancelled"
+            if self._list is CANCELLED
+            else "pending"
+            if self._list is not None
+            else "idle"
+        )
         cb = self._user_callback()
         name = getattr(cb, "__qualname__", None) or repr(cb)
         return f"<TimerHandle when={self._when!r} {state} {name}>"

@@ -1,0 +1,1185 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The compiled core: twins of the pure-Python hot classes, same names, same behaviour.
+
+The pure modules (``_task_list``, ``_task``, ``_delay_queue``, ``_wheel``,
+``_timer_core``, and the hot halves in ``_timer`` and ``aio``) are the
+reference and explain the algorithm; this module does the same steps with
+typed C fields and C calls between them. ``_accel`` decides which path runs,
+and one test suite runs on both. The inspection code (``_check``, snapshots)
+is not repeated here: it calls the pure modules' functions on these objects.
+
+Thread safety is the pure path's: every list of a timer shares the timer's
+lock, and whoever changes a list holds it. The timers' lock is this module's
+:class:`Lock`, a ``threading.Lock`` twin that C code takes without a Python
+call and that ``threading.Condition`` waits on like any lock. A list given
+another lock object calls its ``acquire``/``release``.
+"""
+
+cimport cython
+
+
+cdef extern from "pythread.h":
+    # Not in Cython's cpython/pythread.pxd; part of CPython's C API since 3.2.
+    int PyThread_acquire_lock_timed(void *lock, long long microseconds, int intr_flag) nogil
+
+from cpython.list cimport PyList_GET_SIZE
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    PY_LOCK_ACQUIRED,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+from libc.math cimport ceil, floor
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+import contextvars
+import functools
+import heapq
+import logging
+import operator
+
+logger = logging.getLogger("tickwheel")
+
+cdef object _heappush = heapq.heappush
+cdef object _heappop = heapq.heappop
+cdef object _when_of = operator.attrgetter("_when")
+
+cdef long long NEVER_C = 9223372036854775807  # (1 << 63) - 1, NEVER in _timer_core
+cdef long long MAX_DELAY_MS_C = 4611686018427387904  # 1 << 62, MAX_DELAY_MS in _task
+
+
+cdef inline long long _floordiv(long long a, long long b) noexcept:
+    """Python's a // b for b > 0."""
+    cdef long long q = cython.cdiv(a, b)
+    if cython.cmod(a, b) != 0 and a < 0:
+        q -= 1
+    return q
+
+
+cdef inline long long _monotonic_ms() noexcept nogil:
+    """``time.monotonic_ns() // 1_000_000`` (CPython reads the same clock)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return (<long long>ts.tv_sec) * 1000 + ts.tv_nsec // 1000000
+
+
+cdef inline double _monotonic_s() noexcept nogil:
+    """``time.monotonic()``: the same nanoseconds, divided as CPython divides them."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>((<long long>ts.tv_sec) * 1000000000 + ts.tv_nsec) / 1e9
+
+
+# -- the lock ---------------------------------------------------------------------
+
+
+@cython.final
+cdef class Lock:
+    """A non-reentrant lock like ``threading.Lock``, taken by C code without a Python call.
+
+    ``acquire(blocking=True, timeout=-1)``, ``release()``, ``locked()`` and the
+    context manager behave as ``threading.Lock``'s, so ``threading.Condition``
+    accepts it. A blocked acquire releases the GIL; unlike ``threading.Lock``'s
+    it is not interrupted by signals (the timers hold it for O(1) steps).
+    """
+
+    cdef PyThread_type_lock _handle
+    cdef bint _held
+
+    def __cinit__(self):
+        self._handle = PyThread_allocate_lock()
+        if self._handle is NULL:
+            raise MemoryError("cannot allocate a lock")
+
+    def __dealloc__(self):
+        if self._handle is not NULL:
+            if self._held:
+                PyThread_release_lock(self._handle)
+            PyThread_free_lock(self._handle)
+
+    cdef inline int _take(self) except -1:
+        if not PyThread_acquire_lock(self._handle, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self._handle, WAIT_LOCK)
+        self._held = True
+        return 0
+
+    cdef inline void _give(self) noexcept:
+        self._held = False
+        PyThread_release_lock(self._handle)
+
+    def acquire(self, bint blocking=True, double timeout=-1):
+        """Take the lock; False if not blocking (or after ``timeout`` s) and it is held."""
+        cdef long long microseconds
+        cdef int status
+        if PyThread_acquire_lock(self._handle, NOWAIT_LOCK):
+            self._held = True
+            return True
+        if not blocking:
+            if timeout != -1:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            return False
+        if timeout < 0:
+            if timeout != -1:
+                raise ValueError("timeout value must be a non-negative number")
+            with nogil:
+                PyThread_acquire_lock(self._handle, WAIT_LOCK)
+        else:
+            microseconds = <long long>(timeout * 1e6)
+            with nogil:
+                status = PyThread_acquire_lock_timed(self._handle, microseconds, 0)
+            if status != PY_LOCK_ACQUIRED:
+                return False
+        self._held = True
+        return True
+
+    def release(self):
+        """Release the lock; RuntimeError if it is not held."""
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        self._give()
+
+    def locked(self):
+        """True while the lock is held."""
+        return self._held
+
+    def __enter__(self):
+        self._take()
+        return True
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return f"<tickwheel._speedups.Lock {'locked' if self._held else 'unlocked'}>"
+
+
+cdef inline int _lock_take(Lock fast, object lock) except -1:
+    """Take a list's lock: in C when it is a :class:`Lock`, else through ``acquire()``."""
+    if fast is not None:
+        return fast._take()
+    lock.acquire()
+    return 0
+
+
+cdef inline int _lock_give(Lock fast, object lock) except -1:
+    if fast is not None:
+        fast._give()
+    else:
+        lock.release()
+    return 0
+
+
+# -- the task list ---------------------------------------------------------------
+
+
+@cython.final
+cdef class TaskCounter:
+    """The number of entries held in all lists of one timer (Kafka's ``taskCounter``)."""
+
+    cdef public long long value
+
+    def __init__(self):
+        self.value = 0
+
+
+cdef class TimerTaskList
+
+
+cdef class TimerTaskEntry:
+    """An element of a :class:`TimerTaskList`: a task's link into a bucket, with its expiration."""
+
+    cdef public long long expiration_ms
+    cdef public TimerTaskList _list
+    cdef public TimerTaskEntry _next
+    cdef public TimerTaskEntry _prev
+
+    def __init__(self, long long expiration_ms=-1):
+        self.expiration_ms = expiration_ms
+
+    @property
+    def list(self):
+        """The list holding this entry, or None. O(1)."""
+        return None if self._list is CANCELLED_C else self._list
+
+    @property
+    def cancelled(self):
+        """True once ``cancel()`` removed this entry from a timer. O(1)."""
+        return self._list is CANCELLED_C
+
+    def remove(self):
+        """Remove this entry from its list, if any. Caller holds the timer lock. O(1)."""
+        cdef TimerTaskList lst = self._list
+        if lst is None or lst is CANCELLED_C:
+            return False
+        return lst._remove(self)
+
+
+cdef class TimerTaskList:
+    """A bucket: a doubly linked cyclic list of entries sharing one expiration."""
+
+    cdef readonly TimerTaskEntry _root
+    cdef long long _expiration_ms
+    cdef readonly TaskCounter _counter
+    cdef readonly object _lock
+    cdef Lock _fast_lock  # _lock when it is a Lock, else None
+    cdef public int level
+    cdef public int index
+
+    def __init__(self, TaskCounter counter, lock=None, int level=0, int index=0):
+        root = TimerTaskEntry()
+        root._next = root
+        root._prev = root
+        self._root = root
+        self._expiration_ms = -1
+        self._counter = counter
+        self._lock = lock if lock is not None else Lock()
+        self._fast_lock = self._lock if type(self._lock) is Lock else None
+        self.level = level
+        self.index = index
+
+    @property
+    def expiration_ms(self):
+        """The bucket's expiration (start of its range), or -1 when unset. O(1)."""
+        return self._expiration_ms
+
+    cpdef bint set_expiration(self, long long expiration_ms):
+        """Set the expiration; return True if it changed (the bucket must be queued). O(1)."""
+        cdef bint changed = self._expiration_ms != expiration_ms
+        self._expiration_ms = expiration_ms
+        return changed
+
+    cdef inline void _link(self, TimerTaskEntry entry) noexcept:
+        """Append an entry that is in no list."""
+        cdef TimerTaskEntry root = self._root
+        cdef TimerTaskEntry tail = root._prev
+        entry._next = root
+        entry._prev = tail
+        entry._list = self
+        tail._next = entry
+        root._prev = entry
+        self._counter.value += 1
+
+    cdef inline bint _remove(self, TimerTaskEntry entry) noexcept:
+        if entry._list is not self:
+            return False
+        entry._next._prev = entry._prev
+        entry._prev._next = entry._next
+        entry._next = None
+        entry._prev = None
+        entry._list = None
+        self._counter.value -= 1
+        return True
+
+    cdef inline void _add(self, TimerTaskEntry entry) noexcept:
+        cdef TimerTaskList old = entry._list
+        if old is not None and old is not CANCELLED_C:
+            old._remove(entry)
+        self._link(entry)
+
+    def add(self, TimerTaskEntry entry):
+        """Append ``entry``, first removing it from the list it is in (a move). O(1)."""
+        self._add(entry)
+
+    def remove(self, TimerTaskEntry entry):
+        """Unlink ``entry`` if it is in this list; return whether it was. O(1)."""
+        return self._remove(entry)
+
+    cdef list _flush(self):
+        cdef TimerTaskEntry root = self._root
+        cdef TimerTaskEntry node = root._next
+        cdef TimerTaskEntry nxt
+        cdef list entries = []
+        while node is not root:
+            nxt = node._next
+            node._next = None
+            node._prev = None
+            node._list = None
+            entries.append(node)
+            node = nxt
+        root._next = root
+        root._prev = root
+        self._counter.value -= len(entries)
+        self._expiration_ms = -1
+        return entries
+
+    def flush(self):
+        """Remove every entry, reset the expiration to -1, and return the entries in order. O(n)."""
+        return self._flush()
+
+    def foreach(self, f):
+        """Apply ``f`` to each entry that is not cancelled, in order. O(n)."""
+        for entry in self:
+            if (<TimerTaskEntry>entry)._list is not CANCELLED_C:
+                f(entry)
+
+    def __iter__(self):
+        """Iterate over the entries, in insertion order. O(n)."""
+        cdef TimerTaskEntry root = self._root
+        cdef TimerTaskEntry node = root._next
+        cdef TimerTaskEntry nxt
+        while node is not root:
+            nxt = node._next
+            yield node
+            node = nxt
+
+    def __len__(self):
+        """Number of entries. O(n): only snapshots and checks need it."""
+        cdef Py_ssize_t n = 0
+        cdef TimerTaskEntry root = self._root
+        cdef TimerTaskEntry node = root._next
+        while node is not root:
+            n += 1
+            node = node._next
+        return n
+
+    def _check(self):
+        """Assert the bucket's invariants; return its length."""
+        from tickwheel._task_list import check_bucket
+
+        return check_bucket(self)
+
+    def _check_links(self):
+        """Assert the links and every entry's ``_list``; return the length."""
+        from tickwheel._task_list import check_links
+
+        return check_links(self)
+
+    def __repr__(self):
+        return (
+            f"TimerTaskList(level={self.level}, index={self.index}, "
+            f"expiration_ms={self._expiration_ms})"
+        )
+
+
+cdef class _CancelledMarker(TimerTaskList):
+    """The type of :data:`CANCELLED`; never holds entries."""
+
+    def __repr__(self):
+        return "CANCELLED"
+
+
+cdef TimerTaskList CANCELLED_C = _CancelledMarker(TaskCounter(), level=-1, index=-1)
+CANCELLED = CANCELLED_C
+
+
+# -- TimerTask ---------------------------------------------------------------------
+
+
+cdef object _check_delay_ms = None
+
+
+cdef long long _delay_of(object value) except? -1:
+    """``value`` as int64 ms, checked as ``check_delay_ms`` checks it (which raises)."""
+    global _check_delay_ms
+    if type(value) is int and -MAX_DELAY_MS_C <= value <= MAX_DELAY_MS_C:
+        return value
+    if _check_delay_ms is None:
+        from tickwheel._task import check_delay_ms
+
+        _check_delay_ms = check_delay_ms
+    return _check_delay_ms(value)
+
+
+cdef class TimerTask(TimerTaskEntry):
+    """A task that a timer runs once its delay has passed (see ``tickwheel._task``)."""
+
+    cdef public object _call
+    cdef public long long _delay_ms
+
+    def __init__(self, delay_ms, fn=None, *args):
+        self._delay_ms = _delay_of(delay_ms)
+        if fn is not None and not callable(fn):
+            raise TypeError(f"fn must be callable or None, got {fn!r}")
+        self._call = (fn, args) if args and fn is not None else fn
+        self.expiration_ms = -1
+
+    @property
+    def delay_ms(self):
+        """The delay in milliseconds, counted from the moment the task is added. O(1)."""
+        return self._delay_ms
+
+    @delay_ms.setter
+    def delay_ms(self, value):
+        self._delay_ms = _delay_of(value)
+
+    cpdef run(self):
+        """Run the task: call ``fn(*args)``. Subclasses may override. O(1) plus ``fn``."""
+        cdef object call = self._call
+        if type(call) is tuple:
+            (<tuple>call)[0](*(<tuple>call)[1])
+        elif call is not None:
+            call()
+
+    def cancel(self):
+        """Remove the task from its timer. O(1); True if it was pending (see the pure doc)."""
+        cdef TimerTaskList lst
+        while True:
+            lst = self._list
+            if lst is None or lst is CANCELLED_C:
+                return False
+            # Every list of a timer shares its lock; once held, the task may have
+            # been moved by a concurrent flush: then look again.
+            _lock_take(lst._fast_lock, lst._lock)
+            try:
+                if self._list is lst:
+                    lst._remove(self)
+                    self._list = CANCELLED_C
+                    return True
+            finally:
+                _lock_give(lst._fast_lock, lst._lock)
+
+    @property
+    def is_cancelled(self):
+        """True once :meth:`cancel` has removed this task from a timer. O(1)."""
+        return self._list is CANCELLED_C
+
+    @property
+    def is_pending(self):
+        """True while the task sits in a timer's bucket. O(1)."""
+        return self._list is not None and self._list is not CANCELLED_C
+
+    def __repr__(self):
+        call = self._call
+        fn = call[0] if isinstance(call, tuple) else call
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        state = "cancelled" if self.is_cancelled else ("pending" if self.is_pending else "idle")
+        return (
+            f"<{type(self).__name__} delay_ms={self._delay_ms} "
+            f"expiration_ms={self.expiration_ms} {state} fn={name}>"
+        )
+
+
+# -- the delay queue ---------------------------------------------------------------
+
+
+@cython.final
+cdef class BucketDelayQueue:
+    """A min-heap of buckets keyed by ``(expiration_ms, insertion order)``."""
+
+    cdef readonly list _heap
+    cdef long long _seq
+
+    def __init__(self):
+        self._heap = []
+        self._seq = 0
+
+    cdef inline bint _offer(self, TimerTaskList bucket) except -1:
+        item = (bucket._expiration_ms, self._seq, bucket)
+        self._seq += 1
+        _heappush(self._heap, item)
+        return self._heap[0] is item
+
+    cdef inline long long _head(self) noexcept:
+        """The first bucket's expiration, or NEVER."""
+        if PyList_GET_SIZE(self._heap) == 0:
+            return NEVER_C
+        return (<tuple>self._heap[0])[0]
+
+    cdef inline TimerTaskList _poll(self, long long now_ms):
+        if PyList_GET_SIZE(self._heap) and self._head() <= now_ms:
+            return (<tuple>_heappop(self._heap))[2]
+        return None
+
+    def offer(self, TimerTaskList bucket):
+        """Queue ``bucket`` under its current expiration; True if it is the new head. O(log b)."""
+        return self._offer(bucket)
+
+    def head_expiration_ms(self):
+        """The expiration of the first bucket, or None when empty. O(1)."""
+        return self._heap[0][0] if self._heap else None
+
+    def poll(self, long long now_ms):
+        """Remove and return the first bucket if it is due at ``now_ms``; else None. O(log b)."""
+        return self._poll(now_ms)
+
+    def __len__(self):
+        """Number of queued buckets. O(1)."""
+        return len(self._heap)
+
+    def entries(self):
+        """``(expiration_ms, bucket)`` for every queued bucket, in due order. O(b log b)."""
+        return [(exp, bucket) for exp, _, bucket in sorted(self._heap, key=lambda e: e[:2])]
+
+    def _check(self):
+        """Assert the heap property and that every entry matches its bucket's expiration."""
+        from tickwheel._delay_queue import check_queue
+
+        check_queue(self)
+
+
+# -- the timing wheel ----------------------------------------------------------------
+
+
+@cython.final
+cdef class TimingWheel:
+    """One level of Kafka's hierarchical timing wheel (see ``tickwheel._wheel`` for the algorithm)."""
+
+    cdef readonly long long tick_ms
+    cdef readonly long long wheel_size
+    cdef readonly long long interval_ms
+    cdef readonly long long current_time_ms
+    cdef readonly long long _tick_end_ms
+    cdef readonly long long _end_ms
+    cdef readonly int level
+    cdef readonly TaskCounter _counter
+    cdef readonly BucketDelayQueue _queue
+    cdef readonly object _lock
+    cdef readonly list buckets
+    cdef readonly TimingWheel overflow_wheel
+
+    def __init__(
+        self,
+        tick_ms,
+        wheel_size,
+        long long start_ms,
+        TaskCounter task_counter,
+        BucketDelayQueue queue,
+        lock=None,
+        int level=0,
+    ):
+        if type(tick_ms) is not int or tick_ms < 1:
+            raise ValueError(f"tick_ms must be an int >= 1, got {tick_ms!r}")
+        if type(wheel_size) is not int or wheel_size < 2:
+            raise ValueError(f"wheel_size must be an int >= 2, got {wheel_size!r}")
+        self.tick_ms = tick_ms
+        self.wheel_size = wheel_size
+        self.interval_ms = self.tick_ms * self.wheel_size
+        self._set_current(_floordiv(start_ms, self.tick_ms) * self.tick_ms)
+        self.level = level
+        self._counter = task_counter
+        self._queue = queue
+        self._lock = lock if lock is not None else Lock()
+        self.buckets = [
+            TimerTaskList(task_counter, self._lock, level, index) for index in range(wheel_size)
+        ]
+        self.overflow_wheel = None
+
+    cdef inline void _set_current(self, long long current_ms) noexcept:
+        self.current_time_ms = current_ms
+        self._tick_end_ms = current_ms + self.tick_ms
+        self._end_ms = current_ms + self.interval_ms
+
+    cdef TimingWheel _add_overflow_wheel(self):
+        if self.overflow_wheel is None:
+            self.overflow_wheel = TimingWheel(
+                self.interval_ms,
+                self.wheel_size,
+                self.current_time_ms,
+                self._counter,
+                self._queue,
+                self._lock,
+                self.level + 1,
+            )
+        return self.overflow_wheel
+
+    cdef bint _add(self, TimerTaskEntry entry) except -1:
+        """Kafka's ``add``, with the recursion to the overflow wheels as a loop."""
+        cdef long long expiration = entry.expiration_ms
+        cdef long long virtual_id
+        cdef TimingWheel wheel = self
+        cdef TimerTaskList bucket
+        if entry._list is CANCELLED_C or expiration < self._tick_end_ms:
+            return False
+        while expiration >= wheel._end_ms:
+            if wheel.overflow_wheel is None:
+                wheel._add_overflow_wheel()
+            wheel = wheel.overflow_wheel
+        virtual_id = _floordiv(expiration, wheel.tick_ms)
+        bucket = wheel.buckets[virtual_id % wheel.wheel_size]
+        bucket._add(entry)
+        # A bucket is (re)queued only when it starts a new range.
+        if bucket.set_expiration(virtual_id * wheel.tick_ms):
+            wheel._queue._offer(bucket)
+        return True
+
+    def add(self, TimerTaskEntry entry):
+        """Put ``entry`` in its bucket; False when it is cancelled or already due. O(levels)."""
+        return self._add(entry)
+
+    cdef void _advance_clock(self, long long time_ms) noexcept:
+        cdef TimingWheel wheel = self
+        while wheel is not None and time_ms >= wheel._tick_end_ms:
+            time_ms = _floordiv(time_ms, wheel.tick_ms) * wheel.tick_ms
+            wheel._set_current(time_ms)
+            wheel = wheel.overflow_wheel
+
+    def advance_clock(self, long long time_ms):
+        """Move this level and those above to ``time_ms``, rounded down to each tick. O(levels)."""
+        self._advance_clock(time_ms)
+
+    def levels(self):
+        """This wheel and its overflow wheels, finest first. O(levels)."""
+        out = []
+        wheel = self
+        while wheel is not None:
+            out.append(wheel)
+            wheel = wheel.overflow_wheel
+        return out
+
+    def _check(self):
+        """Assert every level's invariants; return the number of entries held."""
+        from tickwheel._wheel import check_wheel
+
+        return check_wheel(self)
+
+
+# -- TimerCore: what both timers share -------------------------------------------------
+
+
+cdef class TimerCore:
+    """The wheel, its delay queue and the staging list (see ``tickwheel._timer_core``)."""
+
+    cdef readonly object _lock
+    cdef Lock _fast_lock
+    cdef readonly TaskCounter _counter
+    cdef readonly BucketDelayQueue _queue
+    cdef readonly TimingWheel _wheel
+    cdef readonly TimerTaskList _staged
+    cdef readonly long long _staged_min_ms
+
+    def __init__(self, tick_ms, wheel_size, long long start_ms, lock=None):
+        self._lock = lock if lock is not None else Lock()
+        self._fast_lock = self._lock if type(self._lock) is Lock else None
+        self._counter = TaskCounter()
+        self._queue = BucketDelayQueue()
+        self._wheel = TimingWheel(
+            tick_ms, wheel_size, start_ms, self._counter, self._queue, self._lock
+        )
+        self._staged = TimerTaskList(self._counter, self._lock, level=-1)
+        self._staged_min_ms = NEVER_C
+
+    cdef inline bint _add_entry_c(self, TimerTaskEntry entry) noexcept:
+        cdef TimerTaskList old
+        if entry.expiration_ms < self._wheel._tick_end_ms:
+            old = entry._list
+            if old is not None and old is not CANCELLED_C:
+                old._remove(entry)
+            return False
+        self._staged._add(entry)
+        if entry.expiration_ms < self._staged_min_ms:
+            self._staged_min_ms = entry.expiration_ms
+        return True
+
+    cdef int _place_staged_c(self) except -1:
+        """Move every staged entry into its bucket, in order (TimingWheel.add on each)."""
+        cdef TimerTaskList staged = self._staged
+        cdef TimerTaskEntry root = staged._root
+        cdef TimerTaskEntry node = root._next
+        cdef TimerTaskEntry nxt
+        cdef long long count = 0
+        self._staged_min_ms = NEVER_C
+        if node is root:
+            return 0
+        root._next = root
+        root._prev = root
+        while node is not root:
+            nxt = node._next
+            node._list = None
+            self._wheel._add(node)
+            count += 1
+            node = nxt
+        # _add counted each entry again as it linked it.
+        self._counter.value -= count
+        return 0
+
+    cdef bint _advance_c(self, long long now_ms, list due) except -1:
+        """Kafka's ``advanceClock`` after its wait; appends the due entries to ``due``."""
+        cdef TimerTaskList bucket
+        cdef TimerTaskEntry root, node, nxt
+        cdef TimingWheel wheel = self._wheel
+        cdef long long moved
+        self._place_staged_c()
+        bucket = self._queue._poll(now_ms)
+        if bucket is None:
+            return False
+        while bucket is not None:
+            wheel._advance_clock(bucket._expiration_ms)
+            # TimerTaskList.flush, re-adding each entry as it goes.
+            root = bucket._root
+            node = root._next
+            root._next = root
+            root._prev = root
+            bucket._expiration_ms = -1
+            moved = 0
+            while node is not root:
+                nxt = node._next
+                node._list = None
+                moved += 1
+                if not wheel._add(node):
+                    node._next = None
+                    node._prev = None
+                    due.append(node)
+                node = nxt
+            self._counter.value -= moved
+            bucket = self._queue._poll(now_ms)
+        return True
+
+    cdef inline long long _next_expiration_c(self) noexcept:
+        cdef long long head = self._queue._head()
+        cdef long long staged = self._staged_min_ms
+        if staged != NEVER_C:
+            staged = _floordiv(staged, self._wheel.tick_ms) * self._wheel.tick_ms
+        return staged if staged < head else head
+
+    def _add_entry(self, TimerTaskEntry entry):
+        """Keep ``entry`` until it is due; False if it is due now. O(1)."""
+        return self._add_entry_c(entry)
+
+    def _place_staged(self):
+        """Move every staged entry into its bucket, in order. O(staged × levels)."""
+        self._place_staged_c()
+
+    def _advance(self, long long now_ms, list due):
+        """Flush every bucket due at ``now_ms``; append the entries now due to ``due``."""
+        return self._advance_c(now_ms, due)
+
+    def _next_expiration_ms(self):
+        """The earliest time (ms) a bucket or a staged entry can be due; NEVER if none. O(1)."""
+        return self._next_expiration_c()
+
+    def _due_at(self, long long now_ms):
+        """True when :meth:`_advance` at ``now_ms`` would find something due. O(1)."""
+        return self._next_expiration_c() <= now_ms
+
+    @property
+    def size(self):
+        """Number of entries held, staged or in buckets; drops at once on cancel. O(1)."""
+        return self._counter.value
+
+    @property
+    def tick_ms(self):
+        """The finest level's tick. O(1)."""
+        return self._wheel.tick_ms
+
+    @property
+    def wheel_size(self):
+        """Buckets per level. O(1)."""
+        return self._wheel.wheel_size
+
+    def _snapshot(self):
+        """Place the staged entries, then picture every level, bucket and the queue."""
+        from tickwheel._timer_core import snapshot_of
+
+        self._place_staged_c()
+        return snapshot_of(self)
+
+    def _clear(self):
+        """Remove every entry, staged or in a bucket, and empty the queue; return the entries."""
+        cdef list entries = self._staged._flush()
+        self._staged_min_ms = NEVER_C
+        for wheel in self._wheel.levels():
+            for bucket in (<TimingWheel>wheel).buckets:
+                entries.extend((<TimerTaskList>bucket)._flush())
+        while self._queue._poll(NEVER_C) is not None:
+            pass
+        return entries
+
+    def _check(self):
+        """Assert every invariant: links, counters, bucket expirations, queue contents."""
+        from tickwheel._timer_core import check_core
+
+        check_core(self)
+
+    def _check_staged(self):
+        """Assert the staging list's invariants; return its length."""
+        from tickwheel._timer_core import check_staged
+
+        return check_staged(self)
+
+
+# -- SystemTimer's hot half ----------------------------------------------------------------
+
+
+cdef void _log_task_error(object task):
+    logger.exception("timer task %r raised", task)
+
+
+def run_task(task):
+    """Run ``task``, logging (not raising) an exception, so the caller keeps going."""
+    try:
+        task.run()
+    except Exception:
+        _log_task_error(task)
+
+
+cdef class SystemTimerCore(TimerCore):
+    """SystemTimer's hot half (see ``tickwheel._timer``): add, schedule, advance, dispatch."""
+
+    cdef public bint _closed
+    cdef public bint _manual
+    cdef public bint _inline
+    cdef public bint _system_clock
+    cdef public object _now
+    cdef public object _manual_clock
+    cdef public object _own_executor
+    cdef public object _executor
+    cdef public long long _waiting
+
+    cdef inline long long _now_c(self) except? -1:
+        if self._manual_clock is not None:
+            return self._manual_clock._now_ms
+        if self._system_clock:
+            return _monotonic_ms()
+        return self._now()
+
+    cdef int _add_c(self, TimerTask task) except -1:
+        cdef bint staged = False
+        cdef TimerTaskList lst
+        _lock_take(self._fast_lock, self._lock)
+        try:
+            if self._closed:
+                raise RuntimeError(f"timer {self.name!r} is closed")
+            lst = task._list
+            if lst is CANCELLED_C:
+                return 0
+            if lst is not None and lst._lock is not self._lock:
+                raise ValueError(f"{task!r} is pending in another timer; cancel it first")
+            task.expiration_ms = task._delay_ms + self._now_c()
+            staged = self._add_entry_c(task)
+            if staged and self._waiting:
+                self._wake_for(task.expiration_ms)
+        finally:
+            _lock_give(self._fast_lock, self._lock)
+        if not staged:
+            self._dispatch_c([task])
+        return 0
+
+    def add(self, TimerTask task):
+        """Schedule ``task`` to run ``task.delay_ms`` after the clock's current time. O(1).
+
+        See :meth:`tickwheel.SystemTimer.add`.
+        """
+        self._add_c(task)
+
+    def schedule(self, delay_ms, fn, *args):
+        """Create a :class:`TimerTask` for ``fn(*args)`` after ``delay_ms``, add it, return it. O(1)."""
+        cdef TimerTask task = TimerTask.__new__(TimerTask)
+        task._delay_ms = _delay_of(delay_ms)
+        if fn is not None and not callable(fn):
+            raise TypeError(f"fn must be callable or None, got {fn!r}")
+        task._call = (fn, args) if args and fn is not None else fn
+        task.expiration_ms = -1
+        self._add_c(task)
+        return task
+
+    def advance_clock(self, long long timeout_ms=0):
+        """Run every due bucket, waiting up to ``timeout_ms`` for the first one.
+
+        See :meth:`tickwheel.SystemTimer.advance_clock`. O(due buckets + tasks
+        moved + tasks staged).
+        """
+        cdef list due
+        cdef bint fired
+        cdef long long now
+        if (timeout_ms <= 0 or self._manual) and self._staged._root._next is self._staged._root:
+            # Nothing staged: answer without the lock when no bucket is due (an
+            # event-time loop calls this once per event).
+            if self._queue._head() > self._now_c():
+                return False
+        due = []
+        _lock_take(self._fast_lock, self._lock)
+        try:
+            if self._closed:
+                return False
+            now = self._now_c()
+            fired = self._advance_c(now, due)
+            if not fired and timeout_ms > 0 and not self._manual:
+                fired = self._wait_for_bucket(now, timeout_ms, due)
+        finally:
+            _lock_give(self._fast_lock, self._lock)
+        if due:
+            self._dispatch_c(due)
+        return fired
+
+    cdef int _dispatch_c(self, list tasks) except -1:
+        cdef Py_ssize_t i, n
+        if self._inline:
+            n = PyList_GET_SIZE(tasks)
+            for i in range(n):
+                task = tasks[i]
+                try:
+                    (<TimerTask>task).run()
+                except Exception:
+                    _log_task_error(task)
+        elif self._own_executor is not None:
+            self._own_executor.submit_many(tasks)
+        else:
+            for task in tasks:
+                self._executor.submit(functools.partial(run_task, task))
+        return 0
+
+    def _dispatch(self, list tasks):
+        """Hand due tasks to the executor. Called without the lock held."""
+        self._dispatch_c(tasks)
+
+
+# -- AsyncTimer's hot half ------------------------------------------------------------------
+
+
+cdef double _MAX_SECONDS = <double>MAX_DELAY_MS_C / 1000
+
+
+cdef inline long long _ceil_ms(double when) noexcept:
+    """The smallest integer m with m / 1000 >= when (as ``aio._ceil_ms``)."""
+    cdef long long m = <long long>ceil(when * 1000.0)
+    if <double>m / 1000.0 < when:
+        m += 1
+    elif <double>(m - 1) / 1000.0 >= when:
+        m -= 1
+    return m
+
+
+cdef inline long long _floor_ms(double now) noexcept:
+    """The largest integer m with m / 1000 <= now (as ``aio._floor_ms``)."""
+    cdef long long m = <long long>floor(now * 1000.0)
+    if <double>m / 1000.0 > now:
+        m -= 1
+    elif <double>(m + 1) / 1000.0 <= now:
+        m += 1
+    return m
+
+
+cdef object _check_delay_s = None
+cdef object _check_when_s = None
+
+
+cdef double _seconds(object value, bint is_delay) except? -1.0:
+    """A delay (>= 0) or a loop time as a checked double, as ``aio._check_delay``/``_check_when``."""
+    global _check_delay_s, _check_when_s
+    cdef double v
+    if type(value) is float:
+        v = value
+        if is_delay:
+            if 0.0 <= v < _MAX_SECONDS:
+                return v
+        elif -_MAX_SECONDS < v < _MAX_SECONDS:
+            return v
+    if _check_delay_s is None:
+        from tickwheel.aio import _check_delay, _check_when
+
+        _check_delay_s = _check_delay
+        _check_when_s = _check_when
+    return (_check_delay_s if is_delay else _check_when_s)(value)
+
+
+cdef class TimerHandle(TimerTaskEntry):
+    """A callback scheduled on an AsyncTimer, like :class:`asyncio.TimerHandle` (see ``aio``)."""
+
+    cdef public double _when
+    cdef public object _callback
+    cdef public object _args
+
+    def __init__(self, double when, callback, tuple args):
+        self.expiration_ms = -1
+        self._when = when
+        self._callback = callback
+        self._args = args
+
+    def when(self):
+        """The deadline, in the loop's time (seconds). O(1)."""
+        return self._when
+
+    def cancel(self):
+        """Cancel the callback; it will not run. O(1), idempotent."""
+        cdef TimerTaskList lst = self._list
+        if lst is CANCELLED_C:
+            return
+        if lst is not None:
+            lst._remove(self)
+        self._list = CANCELLED_C
+        self._callback = None
+        self._args = None
+
+    def cancelled(self):
+        """True once :meth:`cancel` was called. O(1)."""
+        return self._list is CANCELLED_C
+
+    def _run(self):
+        """Call the callback (the timer catches what it raises)."""
+        self._callback(*self._args)
+
+    def _user_callback(self):
+        """The callback as given (not ``context.run``), or None once cancelled."""
+        cb = self._callback
+        if isinstance(getattr(cb, "__self__", None), contextvars.Context) and self._args:
+            return self._args[0]
+        return cb
+
+    def __repr__(self):
+        state = (
+            "cancelled"
+            if self._list is CANCELLED_C
+            else "pending" if self._list is not None else "idle"
+        )
+        cb = self._user_callback()
+        name = getattr(cb, "__qualname__", None) or repr(cb)
+        return f"<TimerHandle when={self._when!r} {state} {name}>"
+
+
+cdef class AsyncTimerCore(TimerCore):
+    """AsyncTimer's hot half (see ``tickwheel.aio``): scheduling, the loop timer, running."""
+
+    cdef public object _loop
+    cdef public object _time
+    cdef public object _call_at_loop
+    cdef public object _context
+    cdef public object _loop_handle
+    cdef public long long _armed_ms
+    cdef public list _ready
+    cdef public bint _ready_scheduled
+    cdef public object _batch
+    cdef public bint _closed
+
+    cdef inline double _now_s(self) except? -1.0:
+        if self._time is _time_monotonic:
+            return _monotonic_s()
+        return self._time()
+
+    def call_later(self, delay, callback, *args, context=None):
+        """Run ``callback(*args)`` ``delay`` seconds from now; return its handle. O(1)."""
+        cdef double d = _seconds(delay, True)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        if context is not None:
+            return self._schedule_c(self._now_s() + d, context.run, (callback,) + args)
+        return self._schedule_c(self._now_s() + d, callback, args)
+
+    def call_at(self, when, callback, *args, context=None):
+        """Run ``callback(*args)`` once the loop's time reaches ``when``; return its handle. O(1)."""
+        cdef double w = _seconds(when, False)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        if context is not None:
+            return self._schedule_c(w, context.run, (callback,) + args)
+        return self._schedule_c(w, callback, args)
+
+    cdef TimerHandle _schedule_c(self, double when, object callback, tuple args):
+        cdef TimerHandle handle
+        cdef long long m, tick
+        if self._closed:
+            raise RuntimeError("AsyncTimer is closed")
+        handle = TimerHandle.__new__(TimerHandle)
+        handle._when = when
+        handle._callback = callback
+        handle._args = args
+        m = _ceil_ms(when)
+        tick = self._wheel.tick_ms
+        if tick != 1:
+            m = -_floordiv(-m, tick) * tick
+        handle.expiration_ms = m
+        if not self._add_entry_c(handle):
+            self._ready.append(handle)
+            if not self._ready_scheduled:
+                self._ready_scheduled = True
+                self._loop.call_soon(self._on_ready, context=self._context)
+        elif m < self._armed_ms:
+            self._arm_c(m)
+        return handle
+
+    def _schedule(self, double when, callback, tuple args):
+        """``call_at`` without the argument checks or a context: ``when`` is a finite float."""
+        return self._schedule_c(when, callback, args)
+
+    cdef int _arm_c(self, long long expiration_ms) except -1:
+        self._disarm_c()
+        self._armed_ms = expiration_ms
+        self._loop_handle = self._call_at_loop(
+            expiration_ms / 1000, self._run_due, context=self._context
+        )
+        return 0
+
+    cdef int _disarm_c(self) except -1:
+        if self._loop_handle is not None:
+            self._loop_handle.cancel()
+            self._loop_handle = None
+        self._armed_ms = NEVER_C
+        return 0
+
+    def _arm(self, long long expiration_ms):
+        """Point the one loop timer at ``expiration_ms``. O(log of the loop's heap)."""
+        self._arm_c(expiration_ms)
+
+    def _disarm(self):
+        """Release the loop timer, if held."""
+        self._disarm_c()
+
+    def _on_ready(self):
+        """Run handles that were already due when scheduled."""
+        self._ready_scheduled = False
+        self._run_due_c(False)
+
+    def _run_due(self, fired=True):
+        """Flush every due bucket (cascading coarse ones), re-arm, then run callbacks in order."""
+        self._run_due_c(fired)
+
+    cdef int _run_due_c(self, bint fired) except -1:
+        cdef list due
+        cdef long long head
+        if fired:
+            self._loop_handle = None
+            self._armed_ms = NEVER_C
+        if self._closed:
+            return 0
+        due = self._ready
+        self._ready = []
+        self._advance_c(_floor_ms(self._now_s()), due)
+        # Re-arm for the new head before running callbacks, which may add timers.
+        if self._counter.value == 0:
+            # Only empty buckets are left (all cancelled): forget them.
+            self._clear()
+            self._disarm_c()
+        else:
+            head = self._next_expiration_c()
+            if head != self._armed_ms:
+                self._arm_c(head)
+        if PyList_GET_SIZE(due):
+            if PyList_GET_SIZE(due) > 1:
+                due.sort(key=_when_of)
+            self._run_handles_c(due)
+        return 0
+
+    cdef int _run_handles_c(self, list handles) except -1:
+        cdef Py_ssize_t i = 0
+        cdef Py_ssize_t n = PyList_GET_SIZE(handles)
+        cdef TimerHandle handle
+        self._batch = handles  # so that close() from a callback cancels the rest
+        while i < n:
+            handle = handles[i]
+            i += 1
+            if handle._list is CANCELLED_C:
+                continue
+            try:
+                handle._callback(*handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                # Keep the rest for the next iteration, then let it propagate.
+                rest = handles[i:]
+                if rest:
+                    self._ready[:0] = rest
+                    if not self._ready_scheduled:
+                        self._ready_scheduled = True
+                        self._loop.call_soon(self._on_ready, context=self._context)
+                raise
+            except BaseException as exc:
+                self._loop.call_exception_handler(
+                    {
+                        "message": f"Exception in callback {handle._user_callback()!r}",
+                        "exception": exc,
+                        "handle": handle,
+                    }
+                )
+        self._batch = None
+        return 0
+
+    def _run_handles(self, list handles):
+        """Run each handle not cancelled meanwhile; report what a callback raises."""
+        self._run_handles_c(handles)
+
+
+import time as _time_module
+
+cdef object _time_monotonic = _time_module.monotonic

@@ -1,0 +1,176 @@
+"""The compiled core and the pure-Python reference, driven by the same random steps, agree.
+
+Both run in this process: ``tickwheel`` is the package as installed (compiled
+when the extension was built) and ``load_pure()`` gives an independent copy on
+the pure path, as CPython tests ``heapq`` against ``_heapq``. Every step's
+return value, every size, every snapshot, and the order and time of every
+firing must be identical. Without the extension there is nothing to compare,
+and the tests say so (``make test`` checks that the extension was built).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tickwheel
+import tickwheel.aio
+from tickwheel._accel import load_pure
+
+pytestmark = pytest.mark.skipif(
+    not tickwheel.COMPILED, reason="the compiled core is not built: only one path to test"
+)
+
+PURE = load_pure()
+
+_delays = st.integers(min_value=-5, max_value=70_000)
+_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("schedule"), _delays),
+        st.tuples(st.just("add"), _delays),
+        st.tuples(st.just("cancel"), st.integers(0, 200)),
+        st.tuples(st.just("move"), st.integers(0, 200), _delays),
+        st.tuples(st.just("advance"), st.integers(0, 25_000)),
+        st.tuples(st.just("snapshot")),
+    ),
+    max_size=120,
+)
+
+
+class _Driver:
+    """One path's SystemTimer on a ManualClock, logging what it fires and returns."""
+
+    def __init__(self, pkg: ModuleType, tick: int, size: int, start: int) -> None:
+        self.pkg = pkg
+        self.clock = pkg.ManualClock(start)
+        self.timer = pkg.SystemTimer(
+            tick_ms=tick, wheel_size=size, clock=self.clock, executor="inline"
+        )
+        self.tasks: list[Any] = []
+        self.log: list[tuple[Any, ...]] = []
+
+    def _fire(self, task_id: int) -> None:
+        self.log.append(("fired", task_id, self.clock.now_ms()))
+
+    def step(self, step: tuple[Any, ...]) -> None:
+        kind = step[0]
+        if kind == "schedule":
+            task = self.timer.schedule(step[1], self._fire, len(self.tasks))
+            self.tasks.append(task)
+        elif kind == "add":
+            task = self.pkg.TimerTask(step[1], self._fire, len(self.tasks))
+            self.tasks.append(task)
+            self.timer.add(task)
+        elif kind == "cancel" and self.tasks:
+            self.log.append(("cancel", self.tasks[step[1] % len(self.tasks)].cancel()))
+        elif kind == "move" and self.tasks:
+            task = self.tasks[step[1] % len(self.tasks)]
+            task.delay_ms = step[2]
+            self.timer.add(task)
+        elif kind == "advance":
+            self.clock.advance(step[1])
+            self.log.append(("advance", self.timer.advance_clock(0)))
+        elif kind == "snapshot":
+            self.log.append(("snapshot", dataclasses.astuple(self.timer.snapshot())))
+        self.log.append(("size", self.timer.size))
+        self.log.append(("states", tuple((t.is_pending, t.is_cancelled) for t in self.tasks)))
+        self.timer._check()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tick=st.sampled_from([1, 2, 3, 7, 10]),
+    size=st.sampled_from([2, 3, 4, 8, 20]),
+    start=st.integers(0, 10**6),
+    steps=_steps,
+)
+def test_system_timers_agree(
+    tick: int, size: int, start: int, steps: list[tuple[Any, ...]]
+) -> None:
+    compiled = _Driver(tickwheel, tick, size, start)
+    pure = _Driver(PURE, tick, size, start)
+    assert type(compiled.timer).__mro__[1].__module__ == "tickwheel._speedups"
+    assert type(pure.timer).__mro__[1].__module__ == "tickwheel._timer"
+    for step in steps:
+        compiled.step(step)
+        pure.step(step)
+        assert compiled.log == pure.log, step
+    # Drain whatever is left: the same tasks fire at the same times.
+    for driver in (compiled, pure):
+        driver.clock.advance(10**7)
+        driver.timer.advance_clock(0)
+    assert compiled.log == pure.log
+    assert compiled.timer.size == pure.timer.size == 0
+
+
+_aio_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("call_later"), st.floats(0, 40, allow_nan=False)),
+        st.tuples(st.just("call_at"), st.floats(-1, 40, allow_nan=False)),
+        st.tuples(st.just("cancel"), st.integers(0, 200)),
+        st.tuples(st.just("sleep"), st.floats(0, 5, allow_nan=False)),
+    ),
+    max_size=80,
+)
+
+
+def _run_aio(pkg: ModuleType, tick: int, steps: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Run ``steps`` on one path's AsyncTimer over a virtual-time loop; return what happened."""
+    loop = pkg.aio.VirtualClockEventLoop(start=1000.0)
+    log: list[tuple[Any, ...]] = []
+
+    def fire(handle_id: int) -> None:
+        log.append(("fired", handle_id, loop.time()))
+
+    async def main() -> None:
+        timer = pkg.aio.AsyncTimer(tick_ms=tick)
+        handles: list[Any] = []
+        for step in steps:
+            kind = step[0]
+            if kind == "call_later":
+                handle = timer.call_later(step[1], fire, len(handles))
+            elif kind == "call_at":
+                handle = timer.call_at(loop.time() + step[1], fire, len(handles))
+            elif kind == "cancel":
+                if handles:
+                    handles[step[1] % len(handles)].cancel()
+                continue
+            else:
+                await asyncio.sleep(step[1])
+                log.append(("slept", loop.time(), timer.size))
+                continue
+            handles.append(handle)
+            log.append(("scheduled", handle.when(), handle.expiration_ms, timer.size))
+            timer._check()
+        await asyncio.sleep(100)
+        log.append(("end", timer.size, [h.cancelled() for h in handles]))
+        timer.close()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    return log
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tick=st.sampled_from([1, 2, 5]), steps=_aio_steps)
+def test_async_timers_agree(tick: int, steps: list[tuple[Any, ...]]) -> None:
+    assert tickwheel.aio.AsyncTimer.__mro__[1].__module__ == "tickwheel._speedups"
+    assert PURE.aio.AsyncTimer.__mro__[1].__module__ == "tickwheel.aio"
+    assert _run_aio(tickwheel, tick, steps) == _run_aio(PURE, tick, steps)
+
+
+def test_the_pure_copy_is_independent() -> None:
+    assert PURE.COMPILED is False
+    assert PURE.TimerTask is not tickwheel.TimerTask
+    assert PURE.TimerTask.__module__ == "tickwheel._task"
+    import sys
+
+    assert sys.modules["tickwheel"] is tickwheel
