@@ -13,7 +13,10 @@ callbacks inline (a no-op function):
 
 * ``tickwheel``: ``SystemTimer(clock=ManualClock(), executor="inline")`` through
   the thread-safe public API (``schedule``, ``TimerTask.cancel``,
-  ``advance_clock``): every call takes the timer's lock.
+  ``advance_clock``): every call takes the timer's lock. This is the compiled
+  core when it is built (``tickwheel.COMPILED``);
+* ``tickwheel-pure``: the same on the pure-Python reference, loaded beside it
+  in this process (``tickwheel._accel.load_pure``);
 * ``asyncio``: a ``SelectorEventLoop`` whose ``time()`` is a fake clock;
   ``loop.call_later`` and ``TimerHandle.cancel``. The cancel phase includes
   one loop iteration at the unchanged time, which is where asyncio removes
@@ -33,6 +36,8 @@ callbacks inline (a no-op function):
   checks, no count, no cancelled mark). A thread-safe timer whose cancel is
   O(1) and frees the entry at once cannot do less, so these figures bound
   what tickwheel can reach on this interpreter and machine.
+* ``floor-c``: the same least work in C (``tickwheel._speedups.FloorTimer``,
+  when the core is compiled): the floor under the compiled core.
 
 Timings use ``time.perf_counter_ns`` (or the thread's CPU time with
 ``--clock cpu``) with the garbage collector on (the default); each figure is
@@ -67,7 +72,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import tickwheel
 from tickwheel import ManualClock, SystemTimer
+from tickwheel._accel import load_pure
+
+# The pure-Python reference, loaded beside the installed package (compiled when built).
+PURE = load_pure()
 
 MAX_DELAY_MS = 30_000
 BURST_DELAY_MS = 5
@@ -260,9 +270,9 @@ def _time_burst_schedules(
     return _ns() - t0
 
 
-def run_tickwheel(w: Workload) -> tuple[float, float, float, int]:
-    clock = ManualClock(0)
-    timer = SystemTimer(name="bench", clock=clock, executor="inline")
+def run_tickwheel(w: Workload, pkg: Any = tickwheel) -> tuple[float, float, float, int]:
+    clock = pkg.ManualClock(0)
+    timer = pkg.SystemTimer(name="bench", clock=clock, executor="inline")
     schedule_ns, cancel_ns, cancels = _schedule_then_cancel(timer.schedule, w)
     t3 = _ns()
     clock.set(MAX_DELAY_MS)
@@ -273,9 +283,9 @@ def run_tickwheel(w: Workload) -> tuple[float, float, float, int]:
     return schedule_ns, cancel_ns, t4 - t3, cancels
 
 
-def burst_tickwheel(n: int) -> tuple[float, float]:
-    clock = ManualClock(0)
-    timer = SystemTimer(name="burst", clock=clock, executor="inline")
+def burst_tickwheel(n: int, pkg: Any = tickwheel) -> tuple[float, float]:
+    clock = pkg.ManualClock(0)
+    timer = pkg.SystemTimer(name="burst", clock=clock, executor="inline")
     schedule_ns = _time_burst_schedules(timer.schedule, BURST_DELAY_MS, n)
     t1 = _ns()
     clock.set(BURST_DELAY_MS)
@@ -363,6 +373,21 @@ def burst_floor(n: int) -> tuple[float, float]:
     return _time_burst_schedules(FloorTimer().schedule, BURST_DELAY_MS, n), float("nan")
 
 
+def _c_floor() -> Any:
+    from tickwheel import _speedups  # type: ignore[attr-defined]
+
+    return _speedups.FloorTimer()
+
+
+def run_floor_c(w: Workload) -> tuple[float, float, float, int]:
+    schedule_ns, cancel_ns, cancels = _schedule_then_cancel(_c_floor().schedule, w)
+    return schedule_ns, cancel_ns, float("nan"), cancels
+
+
+def burst_floor_c(n: int) -> tuple[float, float]:
+    return _time_burst_schedules(_c_floor().schedule, BURST_DELAY_MS, n), float("nan")
+
+
 def run_sched(w: Workload, sample: int | None) -> tuple[float, float, float, int]:
     clock = FakeClock()
     s = sched.scheduler(clock, lambda _d: None)
@@ -413,9 +438,10 @@ def memory(name: str, w: Workload) -> tuple[float, float]:
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        if name == "tickwheel":
-            clock = ManualClock(0)
-            timer = SystemTimer(name="mem", clock=clock, executor="inline")
+        if name in ("tickwheel", "tickwheel-pure"):
+            pkg = tickwheel if name == "tickwheel" else PURE
+            clock = pkg.ManualClock(0)
+            timer = pkg.SystemTimer(name="mem", clock=clock, executor="inline")
             keep.append(timer)
             base = tracemalloc.get_traced_memory()[0]
             schedule = timer.schedule
@@ -457,7 +483,7 @@ def memory(name: str, w: Workload) -> tuple[float, float]:
     finally:
         tracemalloc.stop()
         for obj in keep:
-            if isinstance(obj, (asyncio.AbstractEventLoop, SystemTimer)):
+            if isinstance(obj, (asyncio.AbstractEventLoop, SystemTimer, PURE.SystemTimer)):
                 obj.close()
     return pending / n, after / n
 
@@ -466,6 +492,7 @@ def memory(name: str, w: Workload) -> tuple[float, float]:
 
 
 SCHED_SAMPLE = 100
+ALL_PEERS = ("tickwheel", "tickwheel-pure", "asyncio", "heapq", "sched", "floor", "floor-c")
 
 
 def _min(a: float, b: float) -> float:
@@ -485,10 +512,12 @@ def measure(
     sample = None if n <= sched_max else max(10, min(SCHED_SAMPLE, 10_000_000 // n))
     runners = {
         "tickwheel": (lambda: run_tickwheel(w), lambda: burst_tickwheel(n)),
+        "tickwheel-pure": (lambda: run_tickwheel(w, PURE), lambda: burst_tickwheel(n, PURE)),
         "asyncio": (lambda: run_asyncio(w), lambda: burst_asyncio(n)),
         "heapq": (lambda: run_heapq(w), lambda: burst_heapq(n)),
         "sched": (lambda: run_sched(w, sample), lambda: burst_sched(n)),
         "floor": (lambda: run_floor(w), lambda: burst_floor(n)),
+        "floor-c": (lambda: run_floor_c(w), lambda: burst_floor_c(n)),
     }
     for name, (life, burst) in runners.items():
         if name not in peers:
@@ -520,10 +549,12 @@ def measure(
             r.notes.append(
                 "not a timer: the least a thread-safe intrusive timer does (see the module doc)"
             )
+        if name == "floor-c":
+            r.notes.append("not a timer: the same least work in C (see the module doc)")
         results[name] = r
     if with_memory:
         for name, r in results.items():
-            if name == "floor":
+            if name.startswith("floor"):
                 continue
             gc.collect()
             r.bytes_pending, r.bytes_after_cancel = memory(name, w)
@@ -607,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--peers",
-        default="tickwheel,asyncio,heapq,sched,floor",
+        default=",".join(ALL_PEERS),
         help="comma-separated implementations to run (default all of them)",
     )
     args = parser.parse_args(argv)
@@ -620,14 +651,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = set(peers) - {"tickwheel", "asyncio", "heapq", "sched", "floor"}
+    unknown = set(peers) - set(ALL_PEERS)
     if unknown or not peers:
         parser.error(f"--peers: unknown implementation(s) {sorted(unknown)}")
+    if not tickwheel.COMPILED and "floor-c" in peers:
+        peers.remove("floor-c")
     global _clock_ns
     _clock_ns = time.perf_counter_ns if args.clock == "wall" else time.thread_time_ns
     if args.no_gc:
         gc.disable()
     print(machine() + f", clock {args.clock}")
+    print(
+        "tickwheel: "
+        + ("compiled core" if tickwheel.COMPILED else "pure Python (the core is not built)")
+        + "; tickwheel-pure: the pure-Python reference"
+    )
     print(
         "workload: delays uniform in [1, 30000] ms; cancel a random 90% in random order; "
         "expire the rest; burst = N timers due at once. ns per operation, best of "

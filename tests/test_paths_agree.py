@@ -174,3 +174,48 @@ def test_the_pure_copy_is_independent() -> None:
     import sys
 
     assert sys.modules["tickwheel"] is tickwheel
+
+
+def test_the_compiled_timer_takes_its_lock_in_c() -> None:
+    # A timer built with another lock type still works, through acquire/release
+    # calls, but at twice the cost of an add: the compiled core must get its own.
+    from tickwheel import _speedups  # type: ignore[attr-defined]
+
+    with tickwheel.SystemTimer(executor="inline") as timer:
+        assert type(timer._lock) is _speedups.Lock
+        assert timer._staged._lock is timer._lock
+        assert all(b._lock is timer._lock for b in timer._wheel.buckets)
+
+
+def test_the_compiled_lock_behaves_like_threading_lock() -> None:
+    import threading
+
+    from tickwheel import _speedups  # type: ignore[attr-defined]
+
+    lock = _speedups.Lock()
+    assert lock.acquire() and lock.locked()
+    assert not lock.acquire(False)
+    assert not lock.acquire(timeout=0.01)
+    with pytest.raises(ValueError, match="non-blocking"):
+        lock.acquire(False, 1)
+    lock.release()
+    with pytest.raises(RuntimeError, match="unlocked"):
+        lock.release()
+    # threading.Condition waits on it: the waiter holds the lock from ``ready``
+    # until wait() releases it, so the notify below cannot come too early.
+    cond = threading.Condition(lock)
+    ready = threading.Event()
+    woke: list[bool] = []
+
+    def waiter() -> None:
+        with cond:
+            ready.set()
+            woke.append(cond.wait(5.0))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert ready.wait(5.0)
+    with cond:
+        cond.notify_all()
+    thread.join(5.0)
+    assert woke == [True]

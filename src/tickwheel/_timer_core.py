@@ -226,4 +226,4 @@ def check_staged(core: TimerCore) -> int:
 
 
 if not TYPE_CHECKING and speedups is not None:
-    from ._speedups import TimerCore
+    from ._speedups import Lock, TimerCore
