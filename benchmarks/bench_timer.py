@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tickwheel
-from tickwheel import ManualClock, SystemTimer
+from tickwheel import SystemTimer
 from tickwheel._accel import load_pure
 
 # The pure-Python reference, loaded beside the installed package (compiled when built).
