@@ -31,14 +31,15 @@ if not os.environ.get("TICKWHEEL_NO_EXTENSIONS"):
 COMPILED: bool = speedups is not None
 
 
-def load_pure() -> ModuleType:
+def load_pure(*submodules: str) -> ModuleType:
     """A second, independent copy of the ``tickwheel`` package on the pure-Python path.
 
     For tests and benchmarks that run both paths side by side in one process
     (as CPython's ``test.support.import_helper.import_fresh_module`` does for
     ``heapq``). Its classes are distinct from the running package's; its
-    submodules are attributes of the returned package (``pure.aio``). The
-    running package's modules are left as they were.
+    submodules are attributes of the returned package (``pure.aio``), and
+    ``submodules`` names more to import into it (``"tickwheel.pipeline.core"``).
+    The running package's modules are left as they were.
     """
     own = {name: mod for name, mod in sys.modules.items() if name.partition(".")[0] == "tickwheel"}
     saved_env = os.environ.get("TICKWHEEL_NO_EXTENSIONS")
@@ -47,7 +48,8 @@ def load_pure() -> ModuleType:
     os.environ["TICKWHEEL_NO_EXTENSIONS"] = "1"
     try:
         pure = importlib.import_module("tickwheel")
-        importlib.import_module("tickwheel.aio")
+        for name in ("tickwheel.aio", *submodules):
+            importlib.import_module(name)
     finally:
         if saved_env is None:
             del os.environ["TICKWHEEL_NO_EXTENSIONS"]
