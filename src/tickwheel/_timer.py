@@ -13,15 +13,17 @@ Ground rules
 * The clock is injected. ``advance_clock(timeout_ms)`` waits on wall time only
   for a clock that is not manual; on a :class:`~tickwheel.ManualClock` it never
   waits.
-* Adds are *staged* (as Netty's ``HashedWheelTimer`` queues new timeouts and
-  moves them to their buckets on the next tick): ``add`` links a task that is
-  not due at the tail of one staging list, and the next ``advance_clock`` (or
-  ``snapshot``) places the staged tasks in the wheel with
-  :meth:`TimingWheel.add_all <tickwheel.TimingWheel.add_all>`, before the wheel
-  moves. The wheel does not move in between, so each task lands in the very
-  bucket Kafka's ``add`` would have chosen, in the same order; ``size`` and
-  ``cancel`` treat a staged task as pending. A task cancelled before the next
-  advance, the common fate of a timeout, is never placed at all.
+* The wheel, its delay queue and the staging of adds are
+  :class:`~tickwheel._timer_core.TimerCore`'s, shared with the asyncio timer:
+  ``add`` stages a task that is not due, and the next ``advance_clock`` (or
+  ``snapshot``) places it in the very bucket Kafka's ``add`` would have
+  chosen. ``size`` and ``cancel`` treat a staged task as pending; a task
+  cancelled before the next advance, the common fate of a timeout, is never
+  placed at all.
+* The hot half (``add``, ``schedule``, ``advance_clock``, the hand-off to the
+  executor) is :class:`_SystemTimerCore`, whose compiled twin
+  ``tickwheel._speedups.SystemTimerCore`` replaces it when built; the rest of
+  :class:`SystemTimer` is shared by both paths.
 """
 
 from __future__ import annotations
