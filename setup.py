@@ -32,7 +32,10 @@ class OptionalBuildExt(build_ext):
 
 
 def _say_pure(exc: BaseException) -> None:
-    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    detail = " ".join(str(exc).split())
+    reason = type(exc).__name__ + (
+        f": {detail[:80]}" + ("…" if len(detail) > 80 else "") if detail else ""
+    )
     print(
         f"tickwheel: the compiled core was not built ({reason}); "
         "installing the pure-Python path, which works the same, only slower",
