@@ -6,7 +6,10 @@ idle-timeout reset: cancel, then schedule anew); run the loop until the
 remainder fire. The same workload, with the same random numbers, runs on:
 
 * ``asyncio``   -- ``loop.call_later`` of CPython's selector loop;
-* ``tickwheel`` -- ``AsyncTimer().call_later`` on that same kind of loop;
+* ``tickwheel`` -- ``AsyncTimer().call_later`` on that same kind of loop (the
+  compiled core when it is built, ``tickwheel.COMPILED``);
+* ``tickwheel-pure`` -- the same on the pure-Python reference, loaded beside
+  it in this process (``tickwheel._accel.load_pure``);
 * ``uvloop``    -- ``loop.call_later`` of uvloop (optional, if installed);
 * ``floor``     -- not a timer but the interpreter's floor for a loop-thread
   wheel whose cancel frees the entry at once (issue 4): ``call_later``
@@ -52,7 +55,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import tickwheel
+from tickwheel._accel import load_pure
 from tickwheel.aio import AsyncTimer, VirtualClockEventLoop
+
+# The pure-Python reference, loaded beside the installed package (compiled when built).
+PURE = load_pure()
 
 try:
     import uvloop
@@ -164,8 +172,8 @@ def _new_loop(side: str) -> asyncio.AbstractEventLoop:
 
 
 def _scheduler(side: str, loop: asyncio.AbstractEventLoop) -> tuple[Callable[..., Any], Any]:
-    if side == "tickwheel":
-        timer = AsyncTimer(loop=loop)
+    if side in ("tickwheel", "tickwheel-pure"):
+        timer = (AsyncTimer if side == "tickwheel" else PURE.aio.AsyncTimer)(loop=loop)
         return timer.call_later, timer
     if side == "floor":
         floor = FloorTimer(loop)
@@ -218,7 +226,7 @@ def run_once(side: str, w: Workload) -> Result:
             await done
             t4 = clock()
             assert fired == target
-            if isinstance(timer, AsyncTimer):
+            if isinstance(timer, (AsyncTimer, PURE.aio.AsyncTimer)):
                 assert timer.size == 0
                 timer.close()
             return Result(t1 - t0, t2 - t1, t3 - t2, t4 - fire_start)
@@ -299,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.no_gc:
         gc.disable()
-    sides = ["asyncio", "tickwheel"]
+    sides = ["asyncio", "tickwheel", "tickwheel-pure"]
     if not args.no_floor:
         sides.append("floor")
     if args.uvloop:
@@ -312,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{platform.machine()}, uvloop {getattr(uvloop, '__version__', 'not installed')}")
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
     print(f"cyclic GC: {'disabled' if args.no_gc else 'enabled (default thresholds)'}")
+    print(
+        "tickwheel: "
+        + ("compiled core" if tickwheel.COMPILED else "pure Python (the core is not built)")
+        + "; tickwheel-pure: the pure-Python reference"
+    )
     for n in args.sizes:
         w = make_workload(n, args.seed)
         best: dict[str, Result] = {}
@@ -329,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             f"re-arm {len(w.rearm):,}, fire {w.survivors:,}  (CPU ns per operation)"
         )
         print(
-            f"{'side':<10} {'schedule':>9} {'cancel':>7} {'re-arm':>7} {'fire':>7} "
+            f"{'side':<14} {'schedule':>9} {'cancel':>7} {'re-arm':>7} {'fire':>7} "
             f"{'lifecycle ms':>13} {'vs asyncio':>11}"
         )
         for side in sides:
@@ -338,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             total = f"{r.total / 1e6:.1f}"
             ratio = f"{r.total / base:.2f}x"
             print(
-                f"{side:<10} {r.schedule / n:>9.0f} {r.cancel / len(w.cancel):>7.0f} "
+                f"{side:<14} {r.schedule / n:>9.0f} {r.cancel / len(w.cancel):>7.0f} "
                 f"{r.rearm / max(1, len(w.rearm)):>7.0f} {fire:>7} {total:>13} {ratio:>11}"
             )
         if "floor" in best:
@@ -351,13 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     w = make_workload(args.memory_n, args.seed)
     print()
     print(f"memory, N = {args.memory_n:,} (tracemalloc; cancelling 90 %)")
-    print(f"{'side':<10} {'bytes/pending':>14} {'freed at cancel':>16} {'after 1 iteration':>18}")
+    print(f"{'side':<14} {'bytes/pending':>14} {'freed at cancel':>16} {'after 1 iteration':>18}")
     for side in sides:
         if side == "floor":
             continue
         m = measure_memory(side, w)
         print(
-            f"{side:<10} {m.per_timer:>14.0f} {m.released_at_cancel:>15.0%} "
+            f"{side:<14} {m.per_timer:>14.0f} {m.released_at_cancel:>15.0%} "
             f"{m.released_next_iteration:>17.0%}"
         )
     return 0

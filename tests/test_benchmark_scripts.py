@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tickwheel
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -28,7 +30,8 @@ def _run(script: str, *args: str) -> str:
 def test_bench_timer_prints_every_peer_and_the_floor() -> None:
     out = _run("bench_timer.py", "--sizes", "2000", "--repeat", "1")
     rows = {line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")}
-    assert {"tickwheel", "asyncio", "heapq", "sched", "floor"} <= rows
+    assert {"tickwheel", "tickwheel-pure", "asyncio", "heapq", "sched", "floor"} <= rows
+    assert ("floor-c" in rows) == tickwheel.COMPILED  # the C floor, under the compiled core
     floor = next(line for line in out.splitlines() if line.startswith("| floor |"))
     cells = [cell.strip() for cell in floor.strip("|").split("|")]
     assert cells[3] == "n/a"  # the floor cannot fire: no fire figure, no lifecycle
@@ -39,8 +42,15 @@ def test_bench_aio_prints_the_floor_and_its_bound() -> None:
     out = _run("bench_aio.py", "--sizes", "2000", "--repeat", "1", "--memory-n", "1000")
     lines = out.splitlines()
     assert any(line.startswith("tickwheel ") for line in lines)
+    assert any(line.startswith("tickwheel-pure ") for line in lines)
     # The floor fires too: one loop.call_at and one loop iteration per deadline.
     floor = next(line for line in lines if line.startswith("floor ")).split()
     assert "n/a" not in floor and floor[-1].endswith("x")
     bound = next(line for line in lines if line.startswith("bound:"))
     assert bound.endswith("x asyncio")
+
+
+def test_bench_pipeline_loop_runs_both_paths() -> None:
+    out = _run("bench_pipeline_loop.py", "--orders", "500", "--repeat", "1")
+    sides = {line.split()[0] for line in out.splitlines() if line.startswith("tickwheel")}
+    assert sides == {"tickwheel", "tickwheel-pure"}

@@ -48,7 +48,8 @@ class TimerTask(TimerTaskEntry):
     def __init__(self, delay_ms: int, fn: Callable[..., Any] | None = None, *args: Any) -> None:
         # _next and _prev stay unset until the task is linked into a bucket;
         # nothing reads them before (every reader first checks _list).
-        delay_ms = check_delay_ms(delay_ms)
+        if type(delay_ms) is not int or not -MAX_DELAY_MS <= delay_ms <= MAX_DELAY_MS:
+            delay_ms = check_delay_ms(delay_ms)  # raises, or converts an int subclass
         if fn is not None and not callable(fn):
             raise TypeError(f"fn must be callable or None, got {fn!r}")
         self._delay_ms = delay_ms
