@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed-stamp
 
 # The install builds the compiled core (src/tickwheel/_speedups.pyx) with Cython,
 # and falls back to pure Python, saying so, when there is no C compiler.
-$(STAMP): pyproject.toml setup.py src/tickwheel/_speedups.pyx
+$(STAMP): pyproject.toml setup.py src/tickwheel/_speedups.pyx src/tickwheel/_speedups.pxd \
+		src/tickwheel/pipeline/_loop.pyx
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
@@ -59,4 +60,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .venvs build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
-	rm -f src/tickwheel/_speedups.c src/tickwheel/_speedups.*.so
+	rm -f src/tickwheel/_speedups.c src/tickwheel/*.so src/tickwheel/pipeline/_loop.c src/tickwheel/pipeline/*.so

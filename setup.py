@@ -1,4 +1,4 @@
-"""Builds the optional compiled core, tickwheel._speedups (Cython).
+"""Builds the optional compiled core: tickwheel._speedups and tickwheel.pipeline._loop (Cython).
 
 Everything else about the package is in pyproject.toml. The extension is
 optional: when it cannot be built (no C compiler, or TICKWHEEL_NO_EXTENSIONS
@@ -50,8 +50,12 @@ def _extensions() -> list[Extension]:
     from Cython.Build import cythonize
 
     return cythonize(
-        [Extension("tickwheel._speedups", ["src/tickwheel/_speedups.pyx"])],
+        [
+            Extension("tickwheel._speedups", ["src/tickwheel/_speedups.pyx"]),
+            Extension("tickwheel.pipeline._loop", ["src/tickwheel/pipeline/_loop.pyx"]),
+        ],
         compiler_directives={"language_level": "3"},
+        include_path=["src"],  # _loop cimports tickwheel/_speedups.pxd
         quiet=True,
     )
 

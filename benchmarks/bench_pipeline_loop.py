@@ -4,8 +4,11 @@ Workload: ``--orders`` orders over a day, each opened by a ``created`` event;
 70 % are ``paid`` and 10 % ``cancelled`` within 0-40 min of creation (some
 after the 30-minute timeout, so they find it expired), 20 % never resolve.
 The events are sorted by (time, sequence, id), as the Spark job sorts each
-partition, and fed to one ``PartitionProcessor`` with the rule of
-``examples/orders.toml``; then ``finish()`` expires what is left.
+partition, laid out as one Python list per column (as the job's
+``to_pylist()`` of each Arrow column: fresh objects, in that order), and fed
+as ``zip(*columns)`` to one ``PartitionProcessor`` with the rule of
+``examples/orders.toml``, as the batch job does; then ``finish()`` expires
+what is left.
 
 It runs on the installed package (the compiled core when it is built) and on
 the pure-Python reference loaded beside it (``tickwheel._accel.load_pure``),
@@ -53,8 +56,17 @@ def make_events(orders: int, seed: int) -> list[tuple[int, str, int, int, str, i
     return events
 
 
+def columns(events: list[tuple[int, str, int, int, str, int, str]]) -> list[list[Any]]:
+    """The events as one list per column, with fresh objects in event order (as to_pylist)."""
+    fresh = [
+        tuple(v.encode().decode() if isinstance(v, str) else int(str(v)) for v in e) for e in events
+    ]
+    return [list(column) for column in zip(*fresh, strict=True)]
+
+
 def run_loop(pkg: Any, events: list[tuple[int, str, int, int, str, int, str]]) -> float:
     """CPU seconds of one process() + finish() over ``events`` on ``pkg``'s core."""
+    cols = columns(events)
     core = pkg.pipeline.core
     rules = pkg.pipeline.rules.parse_rules(
         {
@@ -72,7 +84,7 @@ def run_loop(pkg: Any, events: list[tuple[int, str, int, int, str, int, str]]) -
     with core.cyclic_gc_paused():
         proc = core.PartitionProcessor(rules)
         started = time.thread_time()
-        proc.process(events)
+        proc.process(zip(*cols, strict=True))
         proc.finish()
         seconds = time.thread_time() - started
         outcomes = len(proc.take_outcomes())

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 import tickwheel
 import tickwheel.aio
+import tickwheel.pipeline.core
+import tickwheel.pipeline.rules
 from tickwheel._accel import load_pure
 
 pytestmark = pytest.mark.skipif(
@@ -219,3 +221,87 @@ def test_the_compiled_lock_behaves_like_threading_lock() -> None:
         cond.notify_all()
     thread.join(5.0)
     assert woke == [True]
+
+
+# -- the pipeline's per-partition loop ------------------------------------------------
+
+PURE_PIPELINE = load_pure("tickwheel.pipeline.core", "tickwheel.pipeline.rules")
+
+_pipeline_events = st.lists(
+    st.tuples(
+        st.integers(0, 1),  # rule
+        st.sampled_from(["a", "b", "c", "d"]),  # key
+        st.integers(0, 400),  # time step from the previous event
+        st.integers(0, 2),  # kind: open, complete, cancel
+    ),
+    max_size=60,
+)
+
+
+def _run_partition(
+    pkg: ModuleType,
+    steps: list[tuple[int, str, int, int]],
+    cut: int,
+    lateness: int,
+    start: int,
+) -> list[Any]:
+    """Two runs of one partition, the state carried between them; every output of each."""
+    core = pkg.pipeline.core
+    rules = [
+        pkg.pipeline.rules.Rule("pay", "order", ("created",), ("paid",), ("cancelled",), 100),
+        pkg.pipeline.rules.Rule("ship", "order", ("packed",), ("shipped",), ("lost",), 37),
+    ]
+    types = (("created", "paid", "cancelled"), ("packed", "shipped", "lost"))
+    events, time = [], start
+    for i, (rule, key, step, kind) in enumerate(steps):
+        time += step
+        events.append(core.Event(rule, key, time, i % 3, f"e{i}", kind, types[rule][kind]))
+    events.sort(key=lambda e: (e.time, e.seq, e.event_id, e.rule))
+    out: list[Any] = []
+    state = None
+    for part in (events[:cut], events[cut:]):
+        proc = core.PartitionProcessor(rules, lateness, state=state)
+        watermark = part[-1].time - lateness if part else None
+        proc.process(part, watermark)
+        proc.finish(watermark)
+        out.append(
+            (
+                proc.take_outcomes(),
+                proc.take_unmatched(),
+                proc.pending_operations(),
+                proc.num_pending,
+                proc.expired_markers(),
+                [tuple(e) for e in proc.buffered_events()],
+                proc.now_ms,
+                proc.max_event_time,
+                proc.events_applied,
+                proc.events_buffered,
+            )
+        )
+        state = [tuple(row) for row in proc.export_state()]
+        out.append(state)
+        state = [core.StateRow(*row) for row in state]
+        proc.close()
+    return out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=_pipeline_events,
+    cut=st.integers(0, 60),
+    lateness=st.sampled_from([0, 50, 300]),
+    start=st.integers(0, 10**6),
+)
+def test_partition_loops_agree(
+    steps: list[tuple[int, str, int, int]], cut: int, lateness: int, start: int
+) -> None:
+    import tickwheel.pipeline.core
+
+    compiled_core = tickwheel.pipeline.core.PartitionProcessor.__mro__[1]
+    assert compiled_core.__module__ == "tickwheel.pipeline._loop"
+    assert PURE_PIPELINE.pipeline.core.PartitionProcessor.__mro__[1].__module__ == (
+        "tickwheel.pipeline.core"
+    )
+    assert _run_partition(tickwheel, steps, cut, lateness, start) == _run_partition(
+        PURE_PIPELINE, steps, cut, lateness, start
+    )

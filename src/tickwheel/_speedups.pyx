@@ -87,8 +87,6 @@ cdef class Lock:
     it is not interrupted by signals (the timers hold it for O(1) steps).
     """
 
-    cdef PyThread_type_lock _handle
-    cdef bint _held
 
     def __cinit__(self):
         self._handle = PyThread_allocate_lock()
@@ -101,14 +99,14 @@ cdef class Lock:
                 PyThread_release_lock(self._handle)
             PyThread_free_lock(self._handle)
 
-    cdef inline int _take(self) except -1:
+    cdef int _take(self) except -1:
         if not PyThread_acquire_lock(self._handle, NOWAIT_LOCK):
             with nogil:
                 PyThread_acquire_lock(self._handle, WAIT_LOCK)
         self._held = True
         return 0
 
-    cdef inline void _give(self) noexcept:
+    cdef void _give(self) noexcept:
         self._held = False
         PyThread_release_lock(self._handle)
 
@@ -181,22 +179,15 @@ cdef inline int _lock_give(Lock fast, object lock) except -1:
 cdef class TaskCounter:
     """The number of entries held in all lists of one timer (Kafka's ``taskCounter``)."""
 
-    cdef public long long value
 
     def __init__(self):
         self.value = 0
 
 
-cdef class TimerTaskList
-
 
 cdef class TimerTaskEntry:
     """An element of a :class:`TimerTaskList`: a task's link into a bucket, with its expiration."""
 
-    cdef public long long expiration_ms
-    cdef public TimerTaskList _list
-    cdef public TimerTaskEntry _next
-    cdef public TimerTaskEntry _prev
 
     def __init__(self, long long expiration_ms=-1):
         self.expiration_ms = expiration_ms
@@ -222,13 +213,6 @@ cdef class TimerTaskEntry:
 cdef class TimerTaskList:
     """A bucket: a doubly linked cyclic list of entries sharing one expiration."""
 
-    cdef readonly TimerTaskEntry _root
-    cdef long long _expiration_ms
-    cdef readonly TaskCounter _counter
-    cdef readonly object _lock
-    cdef Lock _fast_lock  # _lock when it is a Lock, else None
-    cdef public int level
-    cdef public int index
 
     def __init__(self, TaskCounter counter, lock=None, int level=0, int index=0):
         root = TimerTaskEntry()
@@ -253,7 +237,7 @@ cdef class TimerTaskList:
         self._expiration_ms = expiration_ms
         return changed
 
-    cdef inline void _link(self, TimerTaskEntry entry) noexcept:
+    cdef void _link(self, TimerTaskEntry entry) noexcept:
         """Append an entry that is in no list."""
         cdef TimerTaskEntry root = self._root
         cdef TimerTaskEntry tail = root._prev
@@ -264,7 +248,7 @@ cdef class TimerTaskList:
         root._prev = entry
         self._counter.value += 1
 
-    cdef inline bint _remove(self, TimerTaskEntry entry) noexcept:
+    cdef bint _remove(self, TimerTaskEntry entry) noexcept:
         if entry._list is not self:
             return False
         entry._next._prev = entry._prev
@@ -275,7 +259,7 @@ cdef class TimerTaskList:
         self._counter.value -= 1
         return True
 
-    cdef inline void _add(self, TimerTaskEntry entry) noexcept:
+    cdef void _add(self, TimerTaskEntry entry) noexcept:
         cdef TimerTaskList old = entry._list
         if old is not None and old is not CANCELLED_C:
             old._remove(entry)
@@ -461,26 +445,24 @@ cdef class TimerTask(TimerTaskEntry):
 cdef class BucketDelayQueue:
     """A min-heap of buckets keyed by ``(expiration_ms, insertion order)``."""
 
-    cdef readonly list _heap
-    cdef long long _seq
 
     def __init__(self):
         self._heap = []
         self._seq = 0
 
-    cdef inline bint _offer(self, TimerTaskList bucket) except -1:
+    cdef bint _offer(self, TimerTaskList bucket) except -1:
         item = (bucket._expiration_ms, self._seq, bucket)
         self._seq += 1
         _heappush(self._heap, item)
         return self._heap[0] is item
 
-    cdef inline long long _head(self) noexcept:
+    cdef long long _head(self) noexcept:
         """The first bucket's expiration, or NEVER."""
         if PyList_GET_SIZE(self._heap) == 0:
             return NEVER_C
         return (<tuple>self._heap[0])[0]
 
-    cdef inline TimerTaskList _poll(self, long long now_ms):
+    cdef TimerTaskList _poll(self, long long now_ms):
         if PyList_GET_SIZE(self._heap) and self._head() <= now_ms:
             return (<tuple>_heappop(self._heap))[2]
         return None
@@ -519,18 +501,6 @@ cdef class BucketDelayQueue:
 cdef class TimingWheel:
     """One level of Kafka's hierarchical timing wheel (see ``tickwheel._wheel`` for the algorithm)."""
 
-    cdef readonly long long tick_ms
-    cdef readonly long long wheel_size
-    cdef readonly long long interval_ms
-    cdef readonly long long current_time_ms
-    cdef readonly long long _tick_end_ms
-    cdef readonly long long _end_ms
-    cdef readonly int level
-    cdef readonly TaskCounter _counter
-    cdef readonly BucketDelayQueue _queue
-    cdef readonly object _lock
-    cdef readonly list buckets
-    cdef readonly TimingWheel overflow_wheel
 
     def __init__(
         self,
@@ -559,7 +529,7 @@ cdef class TimingWheel:
         ]
         self.overflow_wheel = None
 
-    cdef inline void _set_current(self, long long current_ms) noexcept:
+    cdef void _set_current(self, long long current_ms) noexcept:
         self.current_time_ms = current_ms
         self._tick_end_ms = current_ms + self.tick_ms
         self._end_ms = current_ms + self.interval_ms
@@ -634,13 +604,6 @@ cdef class TimingWheel:
 cdef class TimerCore:
     """The wheel, its delay queue and the staging list (see ``tickwheel._timer_core``)."""
 
-    cdef readonly object _lock
-    cdef Lock _fast_lock
-    cdef readonly TaskCounter _counter
-    cdef readonly BucketDelayQueue _queue
-    cdef readonly TimingWheel _wheel
-    cdef readonly TimerTaskList _staged
-    cdef readonly long long _staged_min_ms
 
     def __init__(self, tick_ms, wheel_size, long long start_ms, lock=None):
         self._lock = lock if lock is not None else Lock()
@@ -653,7 +616,7 @@ cdef class TimerCore:
         self._staged = TimerTaskList(self._counter, self._lock, level=-1)
         self._staged_min_ms = NEVER_C
 
-    cdef inline bint _add_entry_c(self, TimerTaskEntry entry) noexcept:
+    cdef bint _add_entry_c(self, TimerTaskEntry entry) noexcept:
         cdef TimerTaskList old
         if entry.expiration_ms < self._wheel._tick_end_ms:
             old = entry._list
@@ -719,7 +682,7 @@ cdef class TimerCore:
             bucket = self._queue._poll(now_ms)
         return True
 
-    cdef inline long long _next_expiration_c(self) noexcept:
+    cdef long long _next_expiration_c(self) noexcept:
         cdef long long head = self._queue._head()
         cdef long long staged = self._staged_min_ms
         if staged != NEVER_C:

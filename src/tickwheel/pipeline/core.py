@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+from .._accel import speedups
 from .._clock import ManualClock
 from .._purgatory import DelayedOperation, DelayedOperationPurgatory
 from .._timer import SystemTimer
@@ -177,7 +179,7 @@ class _Operation(DelayedOperation):
 
     def __init__(
         self,
-        proc: PartitionProcessor,
+        proc: _PartitionCore,
         rule: int,
         key: str,
         wkey: object,
@@ -235,7 +237,187 @@ class _Operation(DelayedOperation):
         proc._last_expired[self.wkey] = (self.rule, self.key, deadline)
 
 
-class PartitionProcessor:
+class _PartitionCore:
+    """PartitionProcessor's hot half: the purgatory on the event-time clock, and the loop.
+
+    Its compiled twin is ``tickwheel.pipeline._loop.PartitionCore``, which runs
+    the same steps on the compiled ``TimerCore`` with the watcher lists of this
+    one rule shape; the rest of :class:`PartitionProcessor` is shared.
+    """
+
+    # Set by PartitionProcessor.__init__ (declared here for the type checker).
+    _timeouts: tuple[int, ...]
+    _single: bool
+    _wheel_size: int
+    _lock: threading.RLock
+    _resolving: tuple[str, int, str] | None
+    _outcomes: list[tuple[int, str, str, int, int, str, int | None, str | None]]
+    _unmatched: list[tuple[int, str, str, str, int, str]]
+    _last_expired: dict[object, tuple[int, str, int]]
+    _buffered: list[Event]
+    _clock: EventTimeClock | None
+    _timer: SystemTimer | None
+    _purgatory: DelayedOperationPurgatory[_Operation] | None
+    _live: set[_Operation]
+    max_event_time: int | None
+    events_applied: int
+    events_buffered: int
+
+    def _start(self, start_ms: int) -> None:
+        if type(start_ms) is not int:
+            raise TypeError(f"start_ms must be an int of milliseconds, got {start_ms!r}")
+        self._clock = EventTimeClock(start_ms)
+        self._timer = SystemTimer(
+            name="pipeline",
+            tick_ms=1,
+            wheel_size=self._wheel_size,
+            clock=self._clock,
+            executor="inline",
+        )
+        self._purgatory = DelayedOperationPurgatory(
+            "pipeline", timer=self._timer, purge_interval=10_000, reaper_enabled=False
+        )
+
+    def _open(self, rule: int, key: str, op_id: str, opened_at: int, deadline: int) -> None:
+        assert self._clock is not None and self._purgatory is not None
+        wkey = self._wkey(rule, key)
+        op = _Operation(
+            self,
+            rule,
+            key,
+            wkey,
+            op_id,
+            opened_at,
+            deadline,
+            deadline - self._clock._now_ms,
+            self._lock,
+        )
+        self._live.add(op)
+        self._purgatory.try_complete_else_watch(op, (wkey,))
+
+    def _wkey(self, rule: int, key: str) -> object:
+        """The purgatory's watch key of (rule, key): the key alone when there is one rule."""
+        return key if self._single else (rule, key)
+
+    # -- running ----------------------------------------------------------------
+
+    def process(
+        self,
+        events: Iterable[Event | tuple[int, str, int, int, str, int, str]],
+        watermark_ms: int | None = None,
+    ) -> None:
+        """Apply ``events`` (sorted by time, sequence, id) up to ``watermark_ms``.
+
+        Events with a time above the watermark are buffered, not applied; see
+        :meth:`buffered_events`. With ``watermark_ms=None`` every event is applied.
+        Raises ValueError for an event older than the clock (out of order, or
+        older than a previous watermark). O(events + resolved operations).
+        """
+        it = iter(events)
+        first = next(it, None)
+        if first is None:
+            return
+        if self._clock is None:
+            self._start(first[2])
+        limit = _NO_LIMIT if watermark_ms is None else watermark_ms
+        applied = 0
+        for event in itertools.chain((first,), it):
+            rule, key, time, _seq, event_id, kind, event_type = event
+            if time > limit:
+                self._buffer([event, *it])
+                break
+            self._move_clock(time, event_id)
+            if kind == 0:
+                self._open(rule, key, event_id, time, time + self._timeouts[rule])
+            else:
+                self._resolve(rule, key, event_id, event_type, time, kind)
+            applied += 1
+        self.events_applied += applied
+        if applied:
+            assert self._clock is not None
+            self._raise_max_event_time(self._clock._now_ms)
+
+    def _move_clock(self, time: int, event_id: str) -> None:
+        """Set the clock to an event's time, then expire every operation due by then."""
+        assert self._clock is not None and self._timer is not None
+        assert self._purgatory is not None
+        now = self._clock._now_ms
+        if time == now:
+            return
+        if time < now:
+            raise ValueError(
+                f"event {event_id!r} at {time} is older than the clock ({now}): "
+                "events must come in time order and not below a previous watermark"
+            )
+        self._clock.set(time)
+        # Only when a bucket or a staged task is due can the timer run anything.
+        if self._timer._due_at(time):
+            self._purgatory.advance_clock(0)
+
+    def _resolve(
+        self, rule: int, key: str, event_id: str, event_type: str, time: int, kind: int
+    ) -> None:
+        """A complete (kind 1) or cancel (kind 2) event: resolve the key's pending operations.
+
+        One that finds none is an unmatched row, ``after_expiry`` when the key's
+        last operation expired.
+        """
+        assert self._purgatory is not None
+        wkey = self._wkey(rule, key)
+        self._resolving = (COMPLETED if kind == 1 else CANCELLED, time, event_id)
+        try:
+            done = self._purgatory.check_and_complete(wkey)
+        finally:
+            self._resolving = None
+        if not done:
+            reason = AFTER_EXPIRY if wkey in self._last_expired else NO_OPERATION
+            self._unmatched.append((rule, key, event_id, event_type, time, reason))
+
+    def _buffer(self, events: list[Event | tuple[int, str, int, int, str, int, str]]) -> None:
+        """Keep events above the watermark, not applied, for a later run."""
+        rest = [Event(*event) for event in events]
+        self._buffered.extend(rest)
+        self.events_buffered += len(rest)
+        self._raise_max_event_time(max(event.time for event in rest))
+
+    def _raise_max_event_time(self, time: int) -> None:
+        if self.max_event_time is None or time > self.max_event_time:
+            self.max_event_time = time
+
+    def advance_to(self, time_ms: int) -> None:
+        """Move the clock to ``time_ms`` and expire every operation due by then. O(expired)."""
+        if self._clock is None:
+            self._start(time_ms)
+            return
+        if time_ms > self._clock._now_ms:
+            self._clock.set(time_ms)
+            assert self._purgatory is not None
+            self._purgatory.advance_clock(0)
+
+    def pending_operations(self) -> list[tuple[int, str, str, int, int]]:
+        """``(rule index, key, op_id, opened_at, deadline)`` of each pending op, sorted."""
+        return sorted(
+            (op.rule, op.key, op.op_id, op.opened_at, op.deadline)
+            for op in self._live
+            if not op.is_completed
+        )
+
+    @property
+    def num_pending(self) -> int:
+        """Number of pending operations. O(1)."""
+        return len(self._live)
+
+    def close(self) -> None:
+        """Release the purgatory and its timer; pending operations are left as they are."""
+        if self._purgatory is not None:
+            self._purgatory.shutdown()
+
+
+if not TYPE_CHECKING and speedups is not None:
+    from ._loop import PartitionCore as _PartitionCore
+
+
+class PartitionProcessor(_PartitionCore):
     """Applies one partition's events to a purgatory on an event-time clock.
 
     ``rules`` is a :class:`~tickwheel.pipeline.rules.Rules` or a sequence of
@@ -287,24 +469,6 @@ class PartitionProcessor:
 
     # -- set-up ---------------------------------------------------------------
 
-    def _start(self, start_ms: int) -> None:
-        if type(start_ms) is not int:
-            raise TypeError(f"start_ms must be an int of milliseconds, got {start_ms!r}")
-        self._clock = EventTimeClock(start_ms)
-        self._timer = SystemTimer(
-            name="pipeline",
-            tick_ms=1,
-            wheel_size=self._wheel_size,
-            clock=self._clock,
-            executor="inline",
-        )
-        self._purgatory = DelayedOperationPurgatory(
-            "pipeline", timer=self._timer, purge_interval=10_000, reaper_enabled=False
-        )
-
-    def _wkey(self, rule: int, key: str) -> object:
-        return key if self._single else (rule, key)
-
     def _restore(self, rows: list[StateRow]) -> None:
         if self._clock is None:
             times = [row.time for row in rows]
@@ -340,122 +504,6 @@ class PartitionProcessor:
         buffered.sort(key=lambda e: (e.time, e.seq, e.event_id, e.rule))
         self._buffered = buffered
 
-    def _open(self, rule: int, key: str, op_id: str, opened_at: int, deadline: int) -> None:
-        assert self._clock is not None and self._purgatory is not None
-        wkey = self._wkey(rule, key)
-        op = _Operation(
-            self,
-            rule,
-            key,
-            wkey,
-            op_id,
-            opened_at,
-            deadline,
-            deadline - self._clock._now_ms,
-            self._lock,
-        )
-        self._live.add(op)
-        self._purgatory.try_complete_else_watch(op, (wkey,))
-
-    # -- running ----------------------------------------------------------------
-
-    def process(
-        self,
-        events: Iterable[Event | tuple[int, str, int, int, str, int, str]],
-        watermark_ms: int | None = None,
-    ) -> None:
-        """Apply ``events`` (sorted by time, sequence, id) up to ``watermark_ms``.
-
-        Events with a time above the watermark are buffered, not applied; see
-        :meth:`buffered_events`. With ``watermark_ms=None`` every event is applied.
-        Raises ValueError for an event older than the clock (out of order, or
-        older than a previous watermark). O(events + resolved operations).
-        """
-        it = iter(events)
-        first = next(it, None)
-        if first is None:
-            return
-        if self._clock is None:
-            self._start(first[2])
-        clock = self._clock
-        timer = self._timer
-        purgatory = self._purgatory
-        assert clock is not None and timer is not None and purgatory is not None
-        advance = purgatory.advance_clock
-        # The timer's delay queue (a heap of buckets by expiration): its head says
-        # whether any bucket is due. The timer is the SystemTimer made by _start.
-        heap = timer._queue._heap
-        check_and_complete = purgatory.check_and_complete
-        try_complete_else_watch = purgatory.try_complete_else_watch
-        unmatched = self._unmatched
-        last_expired = self._last_expired
-        timeouts = self._timeouts
-        single = self._single
-        lock = self._lock
-        live_add = self._live.add
-        limit = _NO_LIMIT if watermark_ms is None else watermark_ms
-        now = clock._now_ms
-        applied = 0
-        max_time = self.max_event_time
-        event: Event | tuple[int, str, int, int, str, int, str] | None = first
-        while event is not None:
-            rule, key, time, _seq, event_id, kind, event_type = event
-            if time > limit:
-                rest = [Event(*event), *(Event(*e) for e in it)]
-                self._buffered.extend(rest)
-                self.events_buffered += len(rest)
-                top = max(e[2] for e in rest)
-                if max_time is None or top > max_time:
-                    max_time = top
-                break
-            if time != now:
-                if time < now:
-                    raise ValueError(
-                        f"event {event_id!r} at {time} is older than the clock ({now}): "
-                        "events must come in time order and not below a previous watermark"
-                    )
-                clock._now_ms = now = time
-                # The head of the timer's delay queue is its earliest bucket, and
-                # the earliest staged expiration bounds the tasks not yet placed
-                # (the wheel's tick is 1 ms): only when one of them is due can
-                # advance_clock run anything. Tasks cancelled while staged (the
-                # completed operations) are then never placed.
-                if (heap and heap[0][0] <= time) or timer._staged_min_ms <= time:
-                    advance(0)
-            wkey = key if single else (rule, key)
-            if kind == 0:
-                timeout = timeouts[rule]
-                op = _Operation(
-                    self, rule, key, wkey, event_id, time, time + timeout, timeout, lock
-                )
-                live_add(op)
-                try_complete_else_watch(op, (wkey,))
-            else:
-                self._resolving = (COMPLETED if kind == 1 else CANCELLED, time, event_id)
-                done = check_and_complete(wkey)
-                self._resolving = None
-                if not done:
-                    unmatched.append(
-                        (rule, key, event_id, event_type, time,
-                         AFTER_EXPIRY if wkey in last_expired else NO_OPERATION)
-                    )  # fmt: skip
-            applied += 1
-            event = next(it, None)
-        self.events_applied += applied
-        if applied and (max_time is None or now > max_time):
-            max_time = now
-        self.max_event_time = max_time
-
-    def advance_to(self, time_ms: int) -> None:
-        """Move the clock to ``time_ms`` and expire every operation due by then. O(expired)."""
-        if self._clock is None:
-            self._start(time_ms)
-            return
-        if time_ms > self._clock._now_ms:
-            self._clock.set(time_ms)
-            assert self._purgatory is not None
-            self._purgatory.advance_clock(0)
-
     def finish(self, watermark_ms: int | None = None) -> None:
         """End a run: advance the clock to the watermark (default: max event time − lateness)."""
         if watermark_ms is None:
@@ -487,19 +535,6 @@ class PartitionProcessor:
         out = self._unmatched
         self._unmatched = []
         return out
-
-    def pending_operations(self) -> list[tuple[int, str, str, int, int]]:
-        """``(rule index, key, op_id, opened_at, deadline)`` of each pending op, sorted."""
-        return sorted(
-            (op.rule, op.key, op.op_id, op.opened_at, op.deadline)
-            for op in self._live
-            if not op.is_completed
-        )
-
-    @property
-    def num_pending(self) -> int:
-        """Number of pending operations. O(1)."""
-        return len(self._live)
 
     def buffered_events(self) -> list[Event]:
         """A copy of the events above the watermark, not applied, in order. O(n)."""
@@ -561,11 +596,6 @@ class PartitionProcessor:
             for e in self._buffered
         )
         return rows
-
-    def close(self) -> None:
-        """Release the purgatory and its timer; pending operations are left as they are."""
-        if self._purgatory is not None:
-            self._purgatory.shutdown()
 
     def __enter__(self) -> PartitionProcessor:
         return self
