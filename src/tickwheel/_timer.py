@@ -128,6 +128,7 @@ class _SystemTimerCore(TimerCore):
     """
 
     # Set by SystemTimer.__init__ (declared here for the type checker).
+    name: str
     _closed: bool
     _manual: bool
     _now: Callable[[], int]
@@ -207,8 +208,7 @@ class _SystemTimerCore(TimerCore):
             for task in tasks:
                 self._executor.submit(functools.partial(run_task, task))
 
-    # Provided by SystemTimer: the slow paths the hot half calls.
-    name: str
+    # The slow paths the hot half calls, defined by SystemTimer.
 
     def _wait_for_bucket(self, now: int, timeout_ms: int, due: list[TimerTaskEntry]) -> bool:
         raise NotImplementedError
