@@ -3,7 +3,8 @@
 ``tickwheel._speedups`` (Cython, built at install when a C compiler is
 present) holds compiled twins of the hot classes: the task list and its
 entries, ``TimerTask``, ``TimingWheel``, the bucket delay queue, ``TimerCore``,
-and the hot halves of ``SystemTimer`` and ``AsyncTimer``. Each pure module
+and the hot halves of ``SystemTimer`` and ``AsyncTimer``;
+``tickwheel.pipeline._loop``, built with it, the per-partition loop's. Each pure module
 defines its reference classes, then takes the twins from here when they are
 in use, as CPython's ``heapq.py`` ends with ``from _heapq import *``.
 

@@ -428,14 +428,9 @@ cdef class TimerTask(TimerTaskEntry):
         return self._list is not None and self._list is not CANCELLED_C
 
     def __repr__(self):
-        call = self._call
-        fn = call[0] if isinstance(call, tuple) else call
-        name = getattr(fn, "__qualname__", None) or repr(fn)
-        state = "cancelled" if self.is_cancelled else ("pending" if self.is_pending else "idle")
-        return (
-            f"<{type(self).__name__} delay_ms={self._delay_ms} "
-            f"expiration_ms={self.expiration_ms} {state} fn={name}>"
-        )
+        from tickwheel._task import task_repr
+
+        return task_repr(self)
 
 
 # -- the delay queue ---------------------------------------------------------------
@@ -968,20 +963,14 @@ cdef class TimerHandle(TimerTaskEntry):
 
     def _user_callback(self):
         """The callback as given (not ``context.run``), or None once cancelled."""
-        cb = self._callback
-        if isinstance(getattr(cb, "__self__", None), contextvars.Context) and self._args:
-            return self._args[0]
-        return cb
+        from tickwheel.aio import user_callback
+
+        return user_callback(self)
 
     def __repr__(self):
-        state = (
-            "cancelled"
-            if self._list is CANCELLED_C
-            else "pending" if self._list is not None else "idle"
-        )
-        cb = self._user_callback()
-        name = getattr(cb, "__qualname__", None) or repr(cb)
-        return f"<TimerHandle when={self._when!r} {state} {name}>"
+        from tickwheel.aio import handle_repr
+
+        return handle_repr(self)
 
 
 cdef class AsyncTimerCore(TimerCore):

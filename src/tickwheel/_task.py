@@ -108,14 +108,19 @@ class TimerTask(TimerTaskEntry):
         return lst is not None and lst is not CANCELLED
 
     def __repr__(self) -> str:
-        call = self._call
-        fn = call[0] if isinstance(call, tuple) else call
-        name = getattr(fn, "__qualname__", None) or repr(fn)
-        state = "cancelled" if self.is_cancelled else ("pending" if self.is_pending else "idle")
-        return (
-            f"<{type(self).__name__} delay_ms={self._delay_ms} "
-            f"expiration_ms={self.expiration_ms} {state} fn={name}>"
-        )
+        return task_repr(self)
+
+
+def task_repr(task: TimerTask) -> str:
+    """``repr`` of a task, on both paths (the compiled twin calls this function)."""
+    call = task._call
+    fn = call[0] if isinstance(call, tuple) else call
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    state = "cancelled" if task.is_cancelled else ("pending" if task.is_pending else "idle")
+    return (
+        f"<{type(task).__name__} delay_ms={task._delay_ms} "
+        f"expiration_ms={task.expiration_ms} {state} fn={name}>"
+    )
 
 
 if not TYPE_CHECKING and speedups is not None:

@@ -159,22 +159,32 @@ class TimerHandle(TimerTaskEntry):
 
     def _user_callback(self) -> object:
         """The callback as given (not ``context.run``), or None once cancelled."""
-        cb = self._callback
-        if isinstance(getattr(cb, "__self__", None), contextvars.Context) and self._args:
-            return self._args[0]
-        return cb
+        return user_callback(self)
 
     def __repr__(self) -> str:
-        state = (
-            "cancelled"
-            if self._list is CANCELLED
-            else "pending"
-            if self._list is not None
-            else "idle"
-        )
-        cb = self._user_callback()
-        name = getattr(cb, "__qualname__", None) or repr(cb)
-        return f"<TimerHandle when={self._when!r} {state} {name}>"
+        return handle_repr(self)
+
+
+# Written once, as functions: the compiled twin's methods call them.
+
+
+def user_callback(handle: TimerHandle) -> object:
+    """The callback of ``handle`` as given (not ``context.run``), or None once cancelled."""
+    cb = handle._callback
+    if isinstance(getattr(cb, "__self__", None), contextvars.Context) and handle._args:
+        return handle._args[0]
+    return cb
+
+
+def handle_repr(handle: TimerHandle) -> str:
+    """``repr`` of a handle, on both paths."""
+    if handle._list is CANCELLED:
+        state = "cancelled"
+    else:
+        state = "pending" if handle._list is not None else "idle"
+    cb = user_callback(handle)
+    name = getattr(cb, "__qualname__", None) or repr(cb)
+    return f"<TimerHandle when={handle._when!r} {state} {name}>"
 
 
 if not TYPE_CHECKING and speedups is not None:
