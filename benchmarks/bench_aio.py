@@ -21,6 +21,9 @@ remainder fire. The same workload, with the same random numbers, runs on:
   the next deadline and the loop iteration that runs it. Its lifecycle ratio
   is what a timer with no wheel at all would reach. The ``bound`` line adds
   tickwheel's own fire phase to the floor's other phases.
+* ``floor-c``   -- the same least work in C
+  (``tickwheel._speedups.AsyncFloorTimer``, when the core is compiled), with
+  the same fire phase: the floor under the compiled ``AsyncTimer``.
 
 The asyncio and tickwheel runs use :class:`tickwheel.aio.VirtualClockEventLoop`:
 when the loop would sleep until its next timer, its clock jumps there, so 30 s
@@ -178,6 +181,11 @@ def _scheduler(side: str, loop: asyncio.AbstractEventLoop) -> tuple[Callable[...
     if side == "floor":
         floor = FloorTimer(loop)
         return floor.call_later, floor
+    if side == "floor-c":
+        from tickwheel import _speedups  # type: ignore[attr-defined]
+
+        floor_c = _speedups.AsyncFloorTimer(loop)
+        return floor_c.call_later, floor_c
     return loop.call_later, None
 
 
@@ -211,7 +219,7 @@ def run_once(side: str, w: Workload) -> Result:
                 handles[i].cancel()
                 handles[i] = call_later(d, callback)
             t3 = fire_start = clock()
-            if isinstance(timer, FloorTimer):
+            if side.startswith("floor"):
                 # One loop timer at a time, each run re-arming it for the next deadline.
                 whens = iter(sorted(timer.pending_whens()))  # not timed: no wheel's work
 
@@ -310,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     sides = ["asyncio", "tickwheel", "tickwheel-pure"]
     if not args.no_floor:
         sides.append("floor")
+        if tickwheel.COMPILED:
+            sides.append("floor-c")
     if args.uvloop:
         if uvloop is None:
             print("uvloop is not installed: skipped")
@@ -354,19 +364,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"{side:<14} {r.schedule / n:>9.0f} {r.cancel / len(w.cancel):>7.0f} "
                 f"{r.rearm / max(1, len(w.rearm)):>7.0f} {fire:>7} {total:>13} {ratio:>11}"
             )
-        if "floor" in best:
-            floor = best["floor"]
-            bound = floor.schedule + floor.cancel + floor.rearm + best["tickwheel"].fire
-            print(
-                f"bound: the floor's schedule, cancel and re-arm with tickwheel's fire: "
-                f"{bound / 1e6:.1f} ms = {bound / base:.2f}x asyncio"
-            )
+        for floor_side, label in (("floor", "bound"), ("floor-c", "bound-c")):
+            if floor_side in best:
+                floor = best[floor_side]
+                bound = floor.schedule + floor.cancel + floor.rearm + best["tickwheel"].fire
+                print(
+                    f"{label}: the {floor_side}'s schedule, cancel and re-arm with tickwheel's "
+                    f"fire: {bound / 1e6:.1f} ms = {bound / base:.2f}x asyncio"
+                )
     w = make_workload(args.memory_n, args.seed)
     print()
     print(f"memory, N = {args.memory_n:,} (tracemalloc; cancelling 90 %)")
     print(f"{'side':<14} {'bytes/pending':>14} {'freed at cancel':>16} {'after 1 iteration':>18}")
     for side in sides:
-        if side == "floor":
+        if side.startswith("floor"):
             continue
         m = measure_memory(side, w)
         print(

@@ -48,6 +48,9 @@ def test_bench_aio_prints_the_floor_and_its_bound() -> None:
     assert "n/a" not in floor and floor[-1].endswith("x")
     bound = next(line for line in lines if line.startswith("bound:"))
     assert bound.endswith("x asyncio")
+    # Under the compiled core, the C floor and its bound too.
+    assert any(line.startswith("floor-c ") for line in lines) == tickwheel.COMPILED
+    assert any(line.startswith("bound-c:") for line in lines) == tickwheel.COMPILED
 
 
 def test_bench_pipeline_loop_runs_both_paths() -> None:
