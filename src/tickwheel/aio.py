@@ -43,12 +43,16 @@ from ._timer_core import NEVER, TimerCore
 
 __all__ = [
     "AsyncTimer",
+    "EventLoop",
+    "EventLoopPolicy",
     "Timeout",
     "TimerHandle",
     "VirtualClockEventLoop",
     "call_at",
     "call_later",
     "get_timer",
+    "install",
+    "new_event_loop",
     "sleep",
     "timeout",
     "timeout_at",
@@ -730,3 +734,7 @@ def timeout_at(when: float | None) -> Timeout:
 async def wait_for(aw: Awaitable[_T], delay: float | None) -> _T:
     """Like ``asyncio.wait_for(aw, delay)``, on the running loop's default timer."""
     return await get_timer().wait_for(aw, delay)
+
+
+# The drop-in event loop builds on AsyncTimer above.
+from ._aio_loop import EventLoop, EventLoopPolicy, install, new_event_loop  # noqa: E402

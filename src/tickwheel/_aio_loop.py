@@ -1,0 +1,134 @@
+"""EventLoop: asyncio's selector event loop with every timer on one timing wheel.
+
+``loop.call_later`` and ``loop.call_at`` are what ``asyncio.sleep``,
+``asyncio.timeout``, ``asyncio.wait_for`` and most libraries' timeouts call.
+This loop sends them to one :class:`~tickwheel.aio.AsyncTimer`, which keeps
+them in a hierarchical timing wheel and holds one real timer of the loop,
+armed through the base class's ``call_at`` (the loop's own heap then holds
+one timer, not one per timeout). Everything else (``call_soon``, I/O,
+signals, subprocesses, executors, debug mode) is asyncio's, untouched.
+
+Semantics, as asyncio's: a callback runs in a copy of the caller's context
+(or the ``context`` given); a ``when`` in the past runs on the next
+iteration; ``delay`` may be negative. One difference: a deadline is rounded
+**up** to the wheel's tick (1 ms by default), so a callback never runs before
+its deadline and at most one tick plus the loop's own latency after it.
+
+One line puts a program's timers on the wheel::
+
+    asyncio.run(main(), loop_factory=tickwheel.aio.new_event_loop)      # 3.12+
+    with asyncio.Runner(loop_factory=tickwheel.aio.new_event_loop) as r:  # 3.11
+        r.run(main())
+    tickwheel.aio.install()  # or: every new loop of the policy is one
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import selectors
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .aio import AsyncTimer, TimerHandle
+
+__all__ = ["EventLoop", "EventLoopPolicy", "install", "new_event_loop"]
+
+
+class EventLoop(asyncio.SelectorEventLoop):
+    """asyncio's selector event loop whose ``call_later`` and ``call_at`` use a timing wheel.
+
+    ``tick_ms`` and ``wheel_size`` are the wheel's (see
+    :class:`~tickwheel.aio.AsyncTimer`). Scheduling and cancelling a timer cost
+    O(1) instead of the heap's O(log n), and a cancelled timer's memory is
+    freed at once instead of at a later loop iteration. The returned handles
+    are :class:`tickwheel.aio.TimerHandle`: ``cancel()``, ``cancelled()``,
+    ``when()`` as asyncio's (they are not ``asyncio.TimerHandle`` instances and
+    never enter ``loop._scheduled``).
+    """
+
+    def __init__(
+        self,
+        selector: selectors.BaseSelector | None = None,
+        *,
+        tick_ms: int = 1,
+        wheel_size: int = 20,
+    ) -> None:
+        from .aio import AsyncTimer  # tickwheel.aio re-exports this module's names
+
+        super().__init__(selector)
+        # The wheel arms its one loop timer through asyncio's own call_at: the
+        # overridden one below would send it back into the wheel.
+        self._wheel_timer = AsyncTimer(tick_ms, wheel_size, loop=self, loop_call_at=super().call_at)
+
+    # The handles are tickwheel's, not asyncio.TimerHandle (see the class doc):
+    # hence the ignored override of the return type.
+    def call_later(  # type: ignore[override]
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` ``delay`` seconds from now, on the wheel. O(1).
+
+        As ``asyncio.BaseEventLoop.call_later``; the deadline is rounded up to
+        the tick.
+        """
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self.time() + delay, callback, *args, context=context)
+
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` once ``loop.time()`` reaches ``when``, on the wheel. O(1).
+
+        As ``asyncio.BaseEventLoop.call_at``: the callback runs in ``context``,
+        or in a copy of the caller's context.
+        """
+        if when is None:
+            raise TypeError("when cannot be None")
+        self._check_closed()  # type: ignore[attr-defined]
+        if self._debug:  # type: ignore[attr-defined]
+            self._check_thread()  # type: ignore[attr-defined]
+            self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
+        elif not callable(callback):
+            raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
+        if context is None:
+            context = contextvars.copy_context()
+        return self._wheel_timer.call_at(when, callback, *args, context=context)
+
+    @property
+    def wheel_timer(self) -> AsyncTimer:
+        """The :class:`~tickwheel.aio.AsyncTimer` holding this loop's timers. O(1)."""
+        return self._wheel_timer
+
+    def close(self) -> None:
+        """Cancel the wheel's pending timers, then close the loop as asyncio does."""
+        if self.is_running():
+            raise RuntimeError("Cannot close a running event loop")
+        self._wheel_timer.close()
+        super().close()
+
+
+def new_event_loop() -> EventLoop:
+    """A new :class:`EventLoop`: pass it as ``loop_factory``, as with uvloop."""
+    return EventLoop()
+
+
+class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
+    """asyncio's default policy, whose new loops are :class:`EventLoop`."""
+
+    def _loop_factory(self) -> EventLoop:
+        return EventLoop()
+
+
+def install() -> None:
+    """Make :class:`EventLoopPolicy` asyncio's policy: every new loop is an :class:`EventLoop`."""
+    asyncio.set_event_loop_policy(EventLoopPolicy())
