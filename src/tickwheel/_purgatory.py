@@ -44,8 +44,9 @@ import logging
 import threading
 from abc import ABCMeta, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ._accel import speedups
 from ._clock import is_manual
 from ._task import TimerTask
 from ._timer import SystemTimer
@@ -455,6 +456,10 @@ def _check_keys(keys: Sequence[Hashable]) -> None:
         )
     if not keys:
         raise ValueError("keys must not be empty: an op needs at least one watch key")
+
+
+if not TYPE_CHECKING and speedups is not None:
+    from ._speedups import _DelayedOperationCore, _PurgatoryCore
 
 
 class DelayedOperation(_DelayedOperationCore, metaclass=ABCMeta):
