@@ -777,6 +777,7 @@ cdef class SystemTimerCore(TimerCore):
     cdef public object _own_executor
     cdef public object _executor
     cdef public long long _waiting
+    cdef public long long _wake_at_ms
 
     cdef inline long long _now_c(self) except? -1:
         if self._manual_clock is not None:
@@ -799,7 +800,10 @@ cdef class SystemTimerCore(TimerCore):
                 raise ValueError(f"{task!r} is pending in another timer; cancel it first")
             task.expiration_ms = task._delay_ms + self._now_c()
             staged = self._add_entry_c(task)
-            if staged and self._waiting:
+            # _wake_for's own test first, in C: most adds wake nobody.
+            if staged and self._waiting and _floordiv(
+                task.expiration_ms, self._wheel.tick_ms
+            ) * self._wheel.tick_ms < self._wake_at_ms:
                 self._wake_for(task.expiration_ms)
         finally:
             _lock_give(self._fast_lock, self._lock)
