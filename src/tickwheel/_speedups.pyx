@@ -1287,6 +1287,9 @@ cdef extern from "Python.h":
     PyObject* _PyType_Lookup(PyTypeObject *type, PyObject *name)
     void PyObject_GC_UnTrack(void *op)
 
+    ctypedef struct PyListObject:
+        PyObject **ob_item
+
 
 cdef enum:
     _SHARD_MASK = 511  # SHARDS - 1 in _purgatory: 512 shards, so hash & mask == hash % 512
@@ -1504,25 +1507,30 @@ cdef class _WatcherList:
         finally:
             self.lock._give()
 
-    cdef Py_ssize_t _keep_pending(self, object ops) noexcept:
+    cdef Py_ssize_t _keep_pending(self, object ops) except -1:
         """Compact the list ``ops`` to its pending ops, in place; return how many are left.
 
         A lone op (not a list) counts 1 if pending, else 0. Caller holds the lock.
         """
-        cdef list listed
+        cdef PyObject **items
+        cdef PyObject *item
         cdef Py_ssize_t i, n, kept = 0
         if type(ops) is not list:
             return 0 if (<_DelayedOperationCore>ops)._state else 1
-        listed = <list>ops
-        n = PyList_GET_SIZE(listed)
+        n = PyList_GET_SIZE(ops)
+        items = (<PyListObject*>ops).ob_item
+        # The pending ops move to the front, in order, by swapping pointers: no
+        # reference counting, so a pending op is only read (a purge reads every
+        # watched op). The ops no longer pending end at the tail, deleted at once.
         for i in range(n):
-            op = listed[i]
-            if not (<_DelayedOperationCore>op)._state:
+            item = items[i]
+            if (<_DelayedOperationCore>item)._state == _PENDING:
                 if kept != i:
-                    listed[kept] = op
+                    items[i] = items[kept]
+                    items[kept] = item
                 kept += 1
         if kept != n:
-            del listed[kept:]
+            del (<list>ops)[kept:]
         return kept
 
     cdef int _store_kept(self, object key, object ops, Py_ssize_t n, Py_ssize_t kept) except -1:
