@@ -221,3 +221,37 @@ def test_bad_input_is_refused_alike() -> None:
         return seen
 
     assert errors(tickwheel) == errors(PURE)
+
+
+def test_the_timer_is_set_once_on_both_paths() -> None:
+    for pkg in (tickwheel, PURE):
+        timer = pkg.SystemTimer(clock=pkg.ManualClock(0), executor="inline")
+        purgatory = pkg.DelayedOperationPurgatory("t", timer=timer, reaper_enabled=False)
+        assert purgatory.timer is timer
+        with pytest.raises(AttributeError):
+            purgatory.timer = timer
+        purgatory.shutdown()
+
+
+def test_an_ops_own_lock_is_an_rlock_the_collector_need_not_track() -> None:
+    import gc
+
+    class Op(tickwheel.DelayedOperation):
+        __slots__ = ()
+
+        def try_complete(self) -> bool:
+            return False
+
+        def on_complete(self) -> None:
+            pass
+
+    op = Op(10)
+    assert isinstance(op.lock, type(threading.RLock()))
+    assert not gc.is_tracked(op.lock)  # it refers to nothing that can form a cycle
+    assert gc.is_tracked(op)
+    with op.lock, op.lock:  # re-entrant
+        assert op.lock._is_owned()  # type: ignore[attr-defined]
+    shared = threading.RLock()
+    assert Op(10, shared).lock is shared and gc.is_tracked(shared)  # a passed lock is left alone
+    del op
+    gc.collect()

@@ -287,7 +287,7 @@ class _PurgatoryCore(Generic[T]):
     """
 
     def __init__(self, timer: SystemTimer, purge_interval: int, timer_enabled: bool) -> None:
-        self.timer = timer
+        self._timer = timer
         self.purge_interval = purge_interval
         self.timer_enabled = timer_enabled
         self._shards = [_WatcherList() for _ in range(SHARDS)]
@@ -304,6 +304,11 @@ class _PurgatoryCore(Generic[T]):
 
     # Provided by DelayedOperationPurgatory.
     name: str
+
+    @property
+    def timer(self) -> SystemTimer:
+        """The timer that expires the ops; set once, at construction."""
+        return self._timer
 
     # -- watching and completing ---------------------------------------------------
 
