@@ -36,7 +36,9 @@ _steps = st.lists(
             st.lists(st.sampled_from(_KEYS), min_size=1, max_size=3),
             st.integers(-5, 300),
             st.booleans(),  # completable at once
-            st.sampled_from(["plain", "shared-lock", "custom-force", "custom-or-else"]),
+            st.sampled_from(
+                ["plain", "shared-lock", "custom-force", "custom-or-else", "custom-cancel"]
+            ),
         ),
         st.tuples(st.just("signal"), st.sampled_from(_KEYS)),
         st.tuples(st.just("check"), st.sampled_from(_KEYS)),
@@ -98,11 +100,19 @@ class _Driver:
                 log.append(("or-else", self.n))
                 return bool(super().safe_try_complete_or_else(action))
 
+        class CustomCancel(Op):
+            __slots__ = ()
+
+            def cancel(self) -> bool:
+                log.append(("cancel", self.n))
+                return bool(super().cancel())
+
         self.kinds = {
             "plain": Op,
             "shared-lock": Op,
             "custom-force": CustomForce,
             "custom-or-else": CustomOrElse,
+            "custom-cancel": CustomCancel,
         }
 
     def _op(self, index: int) -> Any:
