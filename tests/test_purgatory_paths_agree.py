@@ -37,7 +37,14 @@ _steps = st.lists(
             st.integers(-5, 300),
             st.booleans(),  # completable at once
             st.sampled_from(
-                ["plain", "shared-lock", "custom-force", "custom-or-else", "custom-cancel"]
+                [
+                    "plain",
+                    "shared-lock",
+                    "custom-force",
+                    "custom-or-else",
+                    "custom-cancel",
+                    "instance-hooks",
+                ]
             ),
         ),
         st.tuples(st.just("signal"), st.sampled_from(_KEYS)),
@@ -107,13 +114,27 @@ class _Driver:
                 log.append(("cancel", self.n))
                 return bool(super().cancel())
 
+        class WithDict(Op):
+            """No __slots__: the op has a __dict__, and methods set on the instance win."""
+
         self.kinds = {
             "plain": Op,
             "shared-lock": Op,
             "custom-force": CustomForce,
             "custom-or-else": CustomOrElse,
             "custom-cancel": CustomCancel,
+            "instance-hooks": WithDict,
         }
+
+    def _hook(self, op: Any, name: str) -> None:
+        """Set on ``op`` a logging wrapper of its method ``name``."""
+        method = getattr(op, name)
+
+        def hooked(*args: Any) -> Any:
+            self.log.append((name, op.n))
+            return method(*args)
+
+        setattr(op, name, hooked)
 
     def _op(self, index: int) -> Any:
         return self.ops[index % len(self.ops)] if self.ops else None
@@ -126,6 +147,10 @@ class _Driver:
             lock = self.shared if op_kind == "shared-lock" else None
             op = self.kinds[op_kind](len(self.ops), delay, lock)
             op.completable = ready
+            if op_kind == "instance-hooks":
+                self._hook(op, "cancel")
+                self._hook(op, "safe_try_complete_or_else")
+                self._hook(op, "safe_try_complete")
             self.ops.append(op)
             self.log.append(("watch", purgatory.try_complete_else_watch(op, keys)))
         elif kind == "signal":

@@ -288,6 +288,9 @@ class _PurgatoryCore(Generic[T]):
 
     def __init__(self, timer: SystemTimer, purge_interval: int, timer_enabled: bool) -> None:
         self._timer = timer
+        # Bound once: the timer's add and advance this purgatory calls.
+        self._timer_add = timer.add
+        self._timer_advance = timer.advance_clock
         self.purge_interval = purge_interval
         self.timer_enabled = timer_enabled
         self._shards = [_WatcherList() for _ in range(SHARDS)]
@@ -334,7 +337,7 @@ class _PurgatoryCore(Generic[T]):
             return True
         if not op._state:
             if self.timer_enabled:
-                self.timer.add(op)
+                self._timer_add(op)
             if op._state:
                 op.cancel()
         return False
@@ -402,7 +405,7 @@ class _PurgatoryCore(Generic[T]):
         ``purge_interval``. Returns what the timer returned (True if a bucket was
         due). O(1) plus the expired ops, plus O(watched) when it purges.
         """
-        fired = self.timer.advance_clock(timeout_ms)
+        fired = self._timer_advance(timeout_ms)
         if self._estimated_total - self.timer.size > self.purge_interval:
             self.purge_completed()
         return fired

@@ -1309,6 +1309,13 @@ cdef inline bint _is_base(object obj, str name, object base) noexcept:
     return _PyType_Lookup(Py_TYPE(obj), <PyObject*>name) == <PyObject*>base
 
 
+cdef inline bint _calls_base(object obj, str name, object base) noexcept:
+    """True when ``obj.name()`` would call ``base``: not overridden by a subclass, and ``obj``
+    has no ``__dict__`` that could hold an override (an op with ``__slots__``); otherwise
+    the caller makes the Python call, as the pure twin does."""
+    return Py_TYPE(obj).tp_dictoffset == 0 and _is_base(obj, name, base)
+
+
 cdef int _cancel_task(TimerTask task) except -1:
     """``TimerTask.cancel`` (the same steps), callable from C; the result is not needed."""
     cdef TimerTaskList lst
@@ -1359,7 +1366,7 @@ cdef class _DelayedOperationCore(TimerTask):
 
     cdef inline int _cancel(self) except -1:
         """``self.cancel()``: in C unless a subclass overrides it."""
-        if _is_base(self, "cancel", _BASE_CANCEL):
+        if _calls_base(self, "cancel", _BASE_CANCEL):
             return _cancel_task(self)
         self.cancel()
         return 0
@@ -1666,8 +1673,14 @@ cdef class _PurgatoryCore:
 
     def __init__(self, timer, long long purge_interval, bint timer_enabled):
         self.timer = timer
+        # The add and the advance are bound once, as in the pure twin; the add is
+        # made in C while it is SystemTimerCore's own (not one a subclass or the
+        # instance overrides).
         self._fast_timer = (
-            timer if isinstance(timer, SystemTimerCore) and _is_base(timer, "add", _BASE_TIMER_ADD)
+            timer
+            if isinstance(timer, SystemTimerCore)
+            and _is_base(timer, "add", _BASE_TIMER_ADD)
+            and "add" not in getattr(timer, "__dict__", ())
             else None
         )
         self._timer_add = timer.add
@@ -1699,7 +1712,7 @@ cdef class _PurgatoryCore:
         if op._state:
             return False
         op._purgatory = self
-        if _is_base(op, "safe_try_complete_or_else", _BASE_SAFE_TRY_COMPLETE_OR_ELSE):
+        if _calls_base(op, "safe_try_complete_or_else", _BASE_SAFE_TRY_COMPLETE_OR_ELSE):
             if op._try_complete_or_watch(self, keys):
                 return True
         elif op.safe_try_complete_or_else(lambda: self._watch_c(op, keys)):
