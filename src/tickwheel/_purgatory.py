@@ -485,7 +485,10 @@ class DelayedOperation(_DelayedOperationCore, metaclass=ABCMeta):
     ``threading.RLock`` by default, or one passed in and shared by several ops
     (which saves its allocation; it must be re-entrant if ``try_complete`` may
     run while the caller already holds it). The op is its own timer task, so a
-    pending op is one object.
+    pending op is one object. A subclass that declares ``__slots__`` keeps it
+    small, and lets the compiled core make its own calls of ``cancel`` and
+    ``safe_try_complete_or_else`` in C (an op with a ``__dict__`` may carry
+    overrides on the instance, so they are looked up as in Python).
     """
 
     __slots__ = ()
