@@ -16,18 +16,25 @@ Reported: the achieved request rate, the process CPU time per request
 (``time.process_time``: all threads, the generator and the completion thread
 included) and the completion-latency distribution (created → ``on_complete``).
 Kafka on the JVM saturates at about 300k requests/s at 3.5–4 µs CPU per
-request; the target for tickwheel on CPython 3.11 is <= 12 µs CPU per request.
+request; the target for tickwheel's compiled core is <= 3.0 µs CPU per request
+at saturation (issue 18), and <= 12 µs for the pure-Python path.
 
-The peer, measured in the same run on the same workload and the same purgatory
-code, replaces the hierarchical timing wheel by a ``heapq`` timer with lazy
-cancellation (asyncio's design: a cancelled handle stays in the heap until it
-comes due), driven by the same reaper loop.
+Measured in the same run, interleaved, on the same workload:
+
+* ``tickwheel``: the package as installed (the compiled core when it is built,
+  ``tickwheel.COMPILED``);
+* ``tickwheel-pure``: the pure-Python reference, loaded beside it in this
+  process (``tickwheel._accel.load_pure``);
+* ``heapq-lazy``: the installed purgatory with its hierarchical timing wheel
+  replaced by a ``heapq`` timer with lazy cancellation (asyncio's design: a
+  cancelled handle stays in the heap until it comes due), driven by the same
+  reaper loop.
 
 Part 2, **deterministic mode** (the pipeline's configuration: a ``ManualClock``
 timer with ``executor="inline"``, ``reaper_enabled=False``, one lock shared by
 the ops). Single-threaded µs per op for ``try_complete_else_watch`` (op creation
 included), ``check_and_complete`` (completing it) and expiry
-(``advance_clock``), with the garbage collector on and off.
+(``advance_clock``), with the garbage collector on and off, on both paths.
 
 Usage::
 
@@ -50,112 +57,142 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-from tickwheel import (
-    DelayedOperation,
-    DelayedOperationPurgatory,
-    ManualClock,
-    SystemClock,
-    SystemTimer,
-    TimerTask,
-)
+import tickwheel
+from tickwheel._accel import load_pure
 
-# -- the operation -------------------------------------------------------------------
+# The pure-Python reference, loaded beside the installed package (compiled when built).
+PURE = load_pure()
 
 
-class FakeOperation(DelayedOperation):
-    """Kafka's FakeOperation: completes when its completion thread says so.
+@dataclass(frozen=True)
+class Impl:
+    """One path's classes: its purgatory, and the benchmark's ops and heapq timer on it."""
 
-    ``completes_at_ms`` is Kafka's ``completesAt``: creation time plus latency,
-    on a millisecond clock (``perf_counter_ns() // 1_000_000``).
-    """
-
-    __slots__ = ("completes_at_ms", "created_ns", "done_ns")
-
-    def __init__(self, timeout_ms: int, latency_ms: int, lock: Any = None) -> None:
-        # DelayedOperation.__init__ called directly: super() costs a lookup per request.
-        _op_init(self, timeout_ms, lock)
-        created = _now_ns()
-        self.created_ns = created
-        self.completes_at_ms = created // 1_000_000 + latency_ms
-        self.done_ns = 0
-
-    def try_complete(self) -> bool:
-        return False  # only the completion thread completes it (force_complete)
-
-    def on_complete(self) -> None:
-        self.done_ns = _now_ns()
+    pkg: ModuleType
+    FakeOperation: Any
+    PipelineOp: Any
+    HeapTimer: Any
 
 
-_op_init = DelayedOperation.__init__
-_now_ns = time.perf_counter_ns
+def implementation(pkg: ModuleType) -> Impl:
+    """The benchmark's classes built on ``pkg`` (``tickwheel`` or the pure copy)."""
+    op_init = pkg.DelayedOperation.__init__
+    now_ns = time.perf_counter_ns
+
+    # -- the operation -------------------------------------------------------------------
+
+    class FakeOperation(pkg.DelayedOperation):  # type: ignore[name-defined, misc]
+        """Kafka's FakeOperation: completes when its completion thread says so.
+
+        ``completes_at_ms`` is Kafka's ``completesAt``: creation time plus latency,
+        on a millisecond clock (``perf_counter_ns() // 1_000_000``).
+        """
+
+        __slots__ = ("completes_at_ms", "created_ns", "done_ns")
+
+        def __init__(self, timeout_ms: int, latency_ms: int, lock: Any = None) -> None:
+            # DelayedOperation.__init__ called directly: super() costs a lookup per request.
+            op_init(self, timeout_ms, lock)
+            created = now_ns()
+            self.created_ns = created
+            self.completes_at_ms = created // 1_000_000 + latency_ms
+            self.done_ns = 0
+
+        def try_complete(self) -> bool:
+            return False  # only the completion thread completes it (force_complete)
+
+        def on_complete(self) -> None:
+            self.done_ns = now_ns()
+
+    class PipelineOp(pkg.DelayedOperation):  # type: ignore[name-defined, misc]
+        """An op completed by a later event, as the pipeline's: ``ready`` set, then checked."""
+
+        __slots__ = ("ready",)
+
+        def __init__(self, delay_ms: int, lock: Any) -> None:
+            super().__init__(delay_ms, lock)
+            self.ready = False
+
+        def try_complete(self) -> bool:
+            return bool(self.force_complete()) if self.ready else False
+
+        def on_complete(self) -> None:
+            pass
+
+    return Impl(pkg, FakeOperation, PipelineOp, _heap_timer_class(pkg.SystemTimer))
 
 
 # -- the peer timer: heapq with lazy cancellation ----------------------------------------
 
 
-class HeapTimer(SystemTimer):
-    """A ``heapq`` timer with asyncio's lazy cancellation, behind SystemTimer's interface.
+def _heap_timer_class(system_timer: Any) -> Any:
+    class HeapTimer(system_timer):  # type: ignore[misc, valid-type]
+        """A ``heapq`` timer with asyncio's lazy cancellation, behind SystemTimer's interface.
 
-    ``add`` pushes ``(expiration, seq, task)``; a cancelled or completed task stays
-    in the heap until it is due, when its ``run()`` finds it completed and does
-    nothing. ``advance_clock`` pops what is due and hands it to the same
-    executor thread SystemTimer uses. ``size`` counts the heap, cancelled
-    entries included (there is no O(1) way to know).
-    """
+        ``add`` pushes ``(expiration, seq, task)``; a cancelled or completed task stays
+        in the heap until it is due, when its ``run()`` finds it completed and does
+        nothing. ``advance_clock`` pops what is due and hands it to the same
+        executor thread SystemTimer uses. ``size`` counts the heap, cancelled
+        entries included (there is no O(1) way to know).
+        """
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name, clock=SystemClock())
-        self._heap: list[tuple[int, int, TimerTask]] = []
-        self._seq = itertools.count()
+        def __init__(self, name: str) -> None:
+            super().__init__(name, clock=tickwheel.SystemClock())
+            self._heap: list[tuple[int, int, Any]] = []
+            self._seq = itertools.count()
 
-    def add(self, task: TimerTask) -> None:
-        lock = self._lock
-        lock.acquire()
-        try:
-            if self._closed:
-                raise RuntimeError(f"timer {self.name!r} is closed")
-            item = (task._delay_ms + self._now(), next(self._seq), task)
+        def add(self, task: Any) -> None:
+            lock = self._lock
+            lock.acquire()
+            try:
+                if self._closed:
+                    raise RuntimeError(f"timer {self.name!r} is closed")
+                item = (task._delay_ms + self._now(), next(self._seq), task)
+                heap = self._heap
+                heapq.heappush(heap, item)
+                if heap[0] is item and self._waiting:
+                    self._cond.notify_all()
+            finally:
+                lock.release()
+
+        def advance_clock(self, timeout_ms: int = 0) -> bool:
+            due: list[Any] = []
             heap = self._heap
-            heapq.heappush(heap, item)
-            if heap[0] is item and self._waiting:
-                self._cond.notify_all()
-        finally:
-            lock.release()
-
-    def advance_clock(self, timeout_ms: int = 0) -> bool:
-        due: list[TimerTask] = []
-        heap = self._heap
-        with self._lock:
-            if self._closed:
-                return False
-            now = self._now()
-            if not heap or heap[0][0] > now:
-                if timeout_ms <= 0:
+            with self._lock:
+                if self._closed:
                     return False
-                deadline = now + timeout_ms
-                interrupts = self._interrupts
-                self._waiting += 1
-                try:
-                    while not heap or heap[0][0] > now:
-                        wake = deadline if not heap else min(deadline, heap[0][0])
-                        self._cond.wait((wake - now) / 1000.0)
-                        now = self._now()
-                        if now >= deadline or self._closed or self._interrupts != interrupts:
-                            break
-                finally:
-                    self._waiting -= 1
-            while heap and heap[0][0] <= now:
-                due.append(heapq.heappop(heap)[2])
-        if due:
-            self._dispatch(due)
-            return True
-        return False
+                now = self._now()
+                if not heap or heap[0][0] > now:
+                    if timeout_ms <= 0:
+                        return False
+                    deadline = now + timeout_ms
+                    interrupts = self._interrupts
+                    self._waiting += 1
+                    try:
+                        while not heap or heap[0][0] > now:
+                            wake = deadline if not heap else min(deadline, heap[0][0])
+                            self._cond.wait((wake - now) / 1000.0)
+                            now = self._now()
+                            if now >= deadline or self._closed or self._interrupts != interrupts:
+                                break
+                    finally:
+                        self._waiting -= 1
+                while heap and heap[0][0] <= now:
+                    due.append(heapq.heappop(heap)[2])
+            if due:
+                self._dispatch(due)
+                return True
+            return False
 
-    @property
-    def size(self) -> int:
-        return len(self._heap)
+        @property
+        def size(self) -> int:
+            return len(self._heap)
+
+    return HeapTimer
 
 
 # -- part 1: Kafka's workload ---------------------------------------------------------------
@@ -168,8 +205,10 @@ def lognormal_latencies(n: int, pct50: float, pct75: float, rng: random.Random) 
     return [max(0, int(rng.lognormvariate(mu, sigma))) for _ in range(n)]
 
 
-def run_kafka_workload(timer: SystemTimer, args: argparse.Namespace, rate: float) -> dict[str, Any]:
-    """Run the workload on ``timer`` at ``rate`` requests/s (0: as fast as possible).
+def run_kafka_workload(
+    impl: Impl, timer: Any, args: argparse.Namespace, rate: float
+) -> dict[str, Any]:
+    """Run the workload on ``impl``'s purgatory with ``timer`` at ``rate`` requests/s (0: max).
 
     How the harness paces (its own CPU counts, as in Kafka's test, so it wakes
     as little as the workload allows):
@@ -190,20 +229,20 @@ def run_kafka_workload(timer: SystemTimer, args: argparse.Namespace, rate: float
     n = args.requests
     latencies = lognormal_latencies(n, args.pct50, args.pct75, rng)
     key_sets = [tuple(rng.sample(range(args.keys), 3)) for _ in range(4096)]
-    purgatory: DelayedOperationPurgatory[FakeOperation] = DelayedOperationPurgatory(
+    purgatory = impl.pkg.DelayedOperationPurgatory(
         "bench", timer=timer, purge_interval=args.purge_interval
     )
     # The generator appends a batch, the completion thread pops it: deque
     # operations are atomic, and nobody is woken per request.
-    handoff: collections.deque[list[FakeOperation]] = collections.deque()
-    ops: list[FakeOperation] = []
+    handoff: collections.deque[list[Any]] = collections.deque()
+    ops: list[Any] = []
     timeout_ms = args.timeout_ms
     pace_s = args.pace_ms / 1000
     generating = threading.Event()
     generating.set()
 
     def completion_thread() -> None:
-        calendar: dict[int, list[FakeOperation]] = {}  # due ms -> requests
+        calendar: dict[int, list[Any]] = {}  # due ms -> requests
         due_heap: list[int] = []  # the keys of calendar
         popleft = handoff.popleft
         sleep = time.sleep
@@ -234,7 +273,7 @@ def run_kafka_workload(timer: SystemTimer, args: argparse.Namespace, rate: float
     completer.start()
     put = handoff.append
     watch = purgatory.try_complete_else_watch
-    make_op = FakeOperation
+    make_op = impl.FakeOperation
     keep = ops.append
     sleep = time.sleep
     clock = time.perf_counter
@@ -242,7 +281,7 @@ def run_kafka_workload(timer: SystemTimer, args: argparse.Namespace, rate: float
     while issued < n:
         # Issue every request due by now at the target rate (as fast as possible: 1000).
         target = min(n, int((clock() - wall0) * rate) + 1 if rate > 0 else issued + 1000)
-        batch: list[FakeOperation] = []
+        batch: list[Any] = []
         while issued < target:
             latency = latencies[issued]
             op = make_op(timeout_ms, latency)
@@ -283,33 +322,17 @@ def pct(values: list[float], p: float) -> float:
 # -- part 2: deterministic mode -----------------------------------------------------------
 
 
-class PipelineOp(DelayedOperation):
-    """An op completed by a later event, as the pipeline's: ``ready`` set, then checked."""
-
-    __slots__ = ("ready",)
-
-    def __init__(self, delay_ms: int, lock: Any) -> None:
-        super().__init__(delay_ms, lock)
-        self.ready = False
-
-    def try_complete(self) -> bool:
-        return self.force_complete() if self.ready else False
-
-    def on_complete(self) -> None:
-        pass
-
-
-def run_deterministic(n: int, repeat: int, gc_on: bool = True) -> dict[str, float]:
+def run_deterministic(impl: Impl, n: int, repeat: int, gc_on: bool = True) -> dict[str, float]:
     """Best-of-``repeat`` µs per op for watch, complete and expire in deterministic mode."""
+    pkg = impl.pkg
+    op_class = impl.PipelineOp
     best = {"watch": math.inf, "complete": math.inf, "expire": math.inf}
     for _ in range(repeat):
         if not gc_on:
             gc.disable()
-        clock = ManualClock(0)
-        timer = SystemTimer("det", clock=clock, executor="inline")
-        purgatory: DelayedOperationPurgatory[PipelineOp] = DelayedOperationPurgatory(
-            "det", timer=timer, reaper_enabled=False
-        )
+        clock = pkg.ManualClock(0)
+        timer = pkg.SystemTimer("det", clock=clock, executor="inline")
+        purgatory = pkg.DelayedOperationPurgatory("det", timer=timer, reaper_enabled=False)
         lock = threading.RLock()
         watch = purgatory.try_complete_else_watch
         check = purgatory.check_and_complete
@@ -318,7 +341,7 @@ def run_deterministic(n: int, repeat: int, gc_on: bool = True) -> dict[str, floa
         t0 = time.process_time()
         ops = []
         for i in range(n):
-            op = PipelineOp(30_000 + (i & 1023), lock)
+            op = op_class(30_000 + (i & 1023), lock)
             ops.append(op)
             watch(op, (keys[i],))
         t1 = time.process_time()
@@ -384,9 +407,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     print(f"machine: {machine()}")
-    peers: list[tuple[str, Callable[[], SystemTimer]]] = [
-        ("tickwheel", lambda: SystemTimer("bench")),
-        ("heapq-lazy", lambda: HeapTimer("bench-heap")),
+    print(
+        "tickwheel: "
+        + ("compiled core" if tickwheel.COMPILED else "pure Python (the core is not built)")
+        + "; tickwheel-pure: the pure-Python reference"
+    )
+    installed = implementation(tickwheel)
+    pure = implementation(PURE)
+    peers: list[tuple[str, Impl, Callable[[], Any]]] = [
+        ("tickwheel", installed, lambda: tickwheel.SystemTimer("bench")),
+        ("tickwheel-pure", pure, lambda: PURE.SystemTimer("bench")),
+        ("heapq-lazy", installed, lambda: installed.HeapTimer("bench-heap")),
     ]
     for rate_text in args.rates.split(","):
         rate = 0.0 if rate_text.strip() == "max" else float(rate_text)
@@ -397,44 +428,58 @@ def main(argv: list[str] | None = None) -> None:
             f"timeout {args.timeout_ms} ms, latency pct50={args.pct50} pct75={args.pct75} ms, "
             f"purge_interval={args.purge_interval}, best of {args.repeat}"
         )
-        results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in peers}
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in peers}
         for _ in range(args.repeat):
-            for name, make in peers:  # interleaved, so both see the same machine load
-                results[name].append(run_kafka_workload(make(), args, rate))
+            for name, impl, make in peers:  # interleaved, so all see the same machine load
+                results[name].append(run_kafka_workload(impl, make(), args, rate))
         best = {name: min(runs, key=lambda r: r["cpu_us"]) for name, runs in results.items()}
         base = best["tickwheel"]["cpu_us"]
         print(
-            f"{'timer':<11} {'rate/s':>9} {'CPU µs/req':>10} {'ratio':>6} {'expired':>8} "
+            f"{'peer':<14} {'rate/s':>9} {'CPU µs/req':>10} {'ratio':>6} {'expired':>8} "
             f"{'mean ms':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}  runs (CPU µs/req)"
         )
-        for name, _ in peers:
+        for name, _, _ in peers:
             r = best[name]
             lat = r["lat"]
             runs = ", ".join(f"{x['cpu_us']:.1f}" for x in results[name])
             mean = statistics.fmean(lat) if lat else math.nan
             print(
-                f"{name:<11} {r['rate']:>9.0f} {r['cpu_us']:>10.2f} {r['cpu_us'] / base:>6.2f} "
+                f"{name:<14} {r['rate']:>9.0f} {r['cpu_us']:>10.2f} {r['cpu_us'] / base:>6.2f} "
                 f"{r['expired'] / args.requests:>7.1%} {mean:>7.1f} {pct(lat, 50):>7.1f} "
                 f"{pct(lat, 99):>7.1f} {lat[-1] if lat else math.nan:>7.1f}  {runs}"
             )
             assert r["finished"] == args.requests, f"{name}: only {r['finished']} finished"
-        verdict = "meets" if base <= 12 else "misses"
-        print(f"target <= 12 µs CPU per request: tickwheel {base:.2f} µs ({verdict} it)")
+        if rate == 0:
+            for name, bound in (("tickwheel", 3.0), ("tickwheel-pure", 12.0)):
+                cpu = best[name]["cpu_us"]
+                verdict = "meets" if cpu <= bound else "misses"
+                print(
+                    f"target at saturation, {name}: <= {bound} µs CPU per request: "
+                    f"{cpu:.2f} µs ({verdict} it)"
+                )
 
     print()
     print(f"deterministic mode, {args.det_ops} ops (best of {args.repeat}, CPU µs per op):")
-    det = run_deterministic(args.det_ops, args.repeat)
-    nogc = run_deterministic(args.det_ops, args.repeat, gc_on=False)
-    print(f"{'step':<40} {'gc on':>7} {'gc off':>7}")
+    paths = [("tickwheel", installed), ("tickwheel-pure", pure)]
+    figures = {
+        (name, gc_on): run_deterministic(impl, args.det_ops, args.repeat, gc_on)
+        for gc_on in (True, False)
+        for name, impl in paths
+    }
+    print(f"{'':<40} {'tickwheel':>15} {'tickwheel-pure':>15}")
+    print(f"{'step':<40} {'gc on':>7} {'gc off':>7} {'gc on':>7} {'gc off':>7}")
+    for fig in figures.values():
+        fig["life"] = fig["watch"] + (fig["complete"] + fig["expire"]) / 2
     for label, key in [
         ("create + try_complete_else_watch", "watch"),
         ("check_and_complete (completes it)", "complete"),
         ("expire: advance_clock + purge", "expire"),
+        ("lifecycle (watch + mean of the two ends)", "life"),
     ]:
-        print(f"{label:<40} {det[key]:>7.2f} {nogc[key]:>7.2f}")
-    life = det["watch"] + (det["complete"] + det["expire"]) / 2
-    life_nogc = nogc["watch"] + (nogc["complete"] + nogc["expire"]) / 2
-    print(f"{'lifecycle (watch + mean of the two ends)':<40} {life:>7.2f} {life_nogc:>7.2f}")
+        cells = " ".join(
+            f"{figures[name, gc_on][key]:>7.2f}" for name, _ in paths for gc_on in (True, False)
+        )
+        print(f"{label:<40} {cells}")
 
 
 if __name__ == "__main__":

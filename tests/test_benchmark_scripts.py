@@ -1,4 +1,4 @@
-"""The timer and asyncio benchmark scripts still run and print their tables.
+"""The timer, asyncio and purgatory benchmark scripts still run and print their tables.
 
 Tiny sizes, one run each: these tests check that the scripts work (every peer,
 the floor rows and the bound line), never how fast anything is.
@@ -57,3 +57,14 @@ def test_bench_pipeline_loop_runs_both_paths() -> None:
     out = _run("bench_pipeline_loop.py", "--orders", "500", "--repeat", "1")
     sides = {line.split()[0] for line in out.splitlines() if line.startswith("tickwheel")}
     assert sides == {"tickwheel", "tickwheel-pure"}
+
+
+def test_bench_purgatory_prints_both_paths() -> None:
+    out = _run(
+        "bench_purgatory.py",
+        *("--requests", "2000", "--rates", "max", "--repeat", "1", "--det-ops", "1000"),
+    )
+    rows = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert {"tickwheel", "tickwheel-pure", "heapq-lazy"} <= rows
+    assert sum(line.startswith("target at saturation") for line in out.splitlines()) == 2
+    assert "lifecycle (watch + mean of the two ends)" in out

@@ -28,17 +28,25 @@ Ground rules
   other keys until a traversal of that key or a purge drops it, exactly as in
   Kafka; ``watched`` counts it until then. The reaper purges once the estimated
   number of completed-but-watched operations exceeds ``purge_interval``.
+
+The hot halves, :class:`_DelayedOperationCore` (completion, the safe tries,
+the expiry path) and :class:`_PurgatoryCore` (watching, traversals, expiry and
+purging), are written here as the readable reference, with Kafka's names;
+``tickwheel._speedups`` holds their compiled twins, used when built. The slow
+halves (set-up, the reaper, shutdown, inspection) are
+:class:`DelayedOperation` and :class:`DelayedOperationPurgatory`, shared by
+both paths.
 """
 
 from __future__ import annotations
 
-import _thread
 import logging
 import threading
 from abc import ABCMeta, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ._accel import speedups
 from ._clock import is_manual
 from ._task import TimerTask
 from ._timer import SystemTimer
@@ -57,47 +65,28 @@ _CANCELLED = 2
 
 # Makes the pending -> completed/cancelled flip atomic (Kafka's AtomicBoolean
 # compareAndSet) and guards the purgatories' completion counters. Held only for
-# a few bytecodes, never while user code runs.
+# a few steps, never while user code runs.
 _STATE_LOCK = threading.Lock()
-_state_acquire = _STATE_LOCK.acquire
-_state_release = _STATE_LOCK.release
 
-# The C RLock class itself: threading.RLock() is a Python function that returns an
-# instance of it, and calling the class directly costs ~90 ns instead of ~220 ns
-# (paid once per op created without a lock).
-_new_rlock = _thread.RLock
-_LOCK_TYPES = frozenset({type(threading.Lock()), type(threading.RLock())})
+T = TypeVar("T", bound="DelayedOperation")
 
 
-class DelayedOperation(TimerTask, metaclass=ABCMeta):
-    """An operation that completes when its condition holds or when ``delay_ms`` has passed.
+class _DelayedOperationCore(TimerTask):
+    """DelayedOperation's hot half: completion, the safe tries and the expiry path.
 
-    Kafka's ``DelayedOperation``. Subclasses override:
-
-    * :meth:`try_complete`: check the condition and call :meth:`force_complete`
-      when it holds; return what ``force_complete()`` returned (False otherwise);
-    * :meth:`on_complete`: runs exactly once, whether the op completed or expired;
-    * :meth:`on_expiration` (optional): runs after ``on_complete()`` when the op
-      timed out.
-
-    ``lock`` is the lock every purgatory call of ``try_complete()`` holds: a new
-    ``threading.RLock`` by default, or one passed in and shared by several ops
-    (which saves its allocation; it must be re-entrant if ``try_complete`` may
-    run while the caller already holds it). The op is its own timer task, so a
-    pending op is one object.
+    Its compiled twin is ``tickwheel._speedups._DelayedOperationCore``; the rest
+    of :class:`DelayedOperation` (the methods to override, ``repr``) is shared.
     """
 
     __slots__ = ("_purgatory", "_state", "lock")
 
-    _purgatory: DelayedOperationPurgatory[Any] | None
+    _purgatory: _PurgatoryCore[Any] | None
 
     def __init__(self, delay_ms: int, lock: Any = None) -> None:
         super().__init__(delay_ms)
         if lock is None:
-            lock = _new_rlock()
-        elif lock.__class__ not in _LOCK_TYPES and not (
-            hasattr(lock, "acquire") and hasattr(lock, "release")
-        ):
+            lock = threading.RLock()
+        elif not (hasattr(lock, "acquire") and hasattr(lock, "release")):
             raise TypeError(
                 f"lock must be a lock with acquire() and release() or None, got {lock!r}"
             )
@@ -105,21 +94,16 @@ class DelayedOperation(TimerTask, metaclass=ABCMeta):
         self._state = _PENDING
         self._purgatory = None
 
-    # -- to override -----------------------------------------------------------
+    # Provided by DelayedOperation: what a subclass overrides.
 
-    @abstractmethod
     def try_complete(self) -> bool:
-        """Check the condition; when it holds, return what :meth:`force_complete` returns.
+        raise NotImplementedError
 
-        Called with :attr:`lock` held. Must return False when it did not complete the op.
-        """
-
-    @abstractmethod
     def on_complete(self) -> None:
-        """The op's completion logic; runs exactly once, whether it completed or expired."""
+        raise NotImplementedError
 
     def on_expiration(self) -> None:
-        """Runs after :meth:`on_complete` when the op timed out. Does nothing by default."""
+        raise NotImplementedError
 
     # -- completion ----------------------------------------------------------------
 
@@ -130,19 +114,23 @@ class DelayedOperation(TimerTask, metaclass=ABCMeta):
         call after the op was cancelled) returns False and does nothing. O(1)
         plus ``on_complete()``.
         """
-        if self._state:
-            return False
-        # Explicit acquire/release: about half the cost of a with-statement on CPython 3.11.
-        _state_acquire()
-        try:
-            if self._state:
+        return self._complete(expired=False)
+
+    def _complete(self, expired: bool) -> bool:
+        """Flip pending -> completed if nobody has yet, then cancel and run ``on_complete()``.
+
+        The flip counts the op in its purgatory (as expired too when ``expired``),
+        in one step. True if this call won.
+        """
+        with _STATE_LOCK:
+            if self._state != _PENDING:
                 return False
             self._state = _COMPLETED
             purgatory = self._purgatory
             if purgatory is not None:
                 purgatory._num_finished += 1
-        finally:
-            _state_release()
+                if expired:
+                    purgatory._num_expired += 1
         self.cancel()
         self.on_complete()
         return True
@@ -178,45 +166,348 @@ class DelayedOperation(TimerTask, metaclass=ABCMeta):
             lock.release()
 
     def run(self) -> None:
-        """The expiry path, run by the timer: if ``force_complete()`` wins, ``on_expiration()``."""
-        if type(self).force_complete is not _BASE_FORCE_COMPLETE:
-            # An overridden force_complete: call it, then count the expiry.
-            if self.force_complete():
-                purgatory = self._purgatory
-                if purgatory is not None:
-                    with _STATE_LOCK:
-                        purgatory._num_expired += 1
-                self.on_expiration()
-            return
-        # force_complete() inlined, so that the expiry is counted in the same step
-        # as the completion (num_completed never counts an expiring op).
-        if self._state:
-            return
-        _state_acquire()
-        try:
-            if self._state:
-                return
-            self._state = _COMPLETED
-            purgatory = self._purgatory
-            if purgatory is not None:
-                purgatory._num_finished += 1
-                purgatory._num_expired += 1
-        finally:
-            _state_release()
-        self.cancel()
-        self.on_complete()
-        self.on_expiration()
+        """The expiry path, run by the timer: if the op completes now, ``on_expiration()``.
+
+        Kafka's ``run``: ``if (forceComplete()) onExpiration()``. The expiry is
+        counted in the same step as the completion, so ``num_completed`` never
+        counts an expiring op; an overridden ``force_complete`` is called, and the
+        expiry counted after it.
+        """
+        if type(self).force_complete is _DelayedOperationCore.force_complete:
+            completed = self._complete(expired=True)
+        else:
+            completed = self.force_complete()
+            if completed and self._purgatory is not None:
+                with _STATE_LOCK:
+                    self._purgatory._num_expired += 1
+        if completed:
+            self.on_expiration()
 
     def _mark_cancelled(self) -> bool:
         """Flip pending -> cancelled (no completion); True if this call did it."""
-        if self._state:
-            return False
         with _STATE_LOCK:
-            if self._state:
+            if self._state != _PENDING:
                 return False
             self._state = _CANCELLED
         self.cancel()
         return True
+
+
+class _WatcherList:
+    """One shard: the watchers of the keys hashing to it, under one lock (Kafka's ``WatcherList``).
+
+    ``watchers`` maps a key to what watches it: the op itself while it is the
+    only one (no list allocated: the common case of one op per key), else a list
+    of ops. A key is never mapped to an empty list. ``count`` is the number of
+    entries in all lists. Each method takes the lock.
+    """
+
+    __slots__ = ("count", "lock", "watchers")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.watchers: dict[Hashable, _DelayedOperationCore | list[_DelayedOperationCore]] = {}
+        self.count = 0
+
+    def watch(self, key: Hashable, op: _DelayedOperationCore) -> None:
+        """Add ``op`` to the list of ``key``. O(1)."""
+        with self.lock:
+            ops = self.watchers.get(key)
+            if ops is None:
+                self.watchers[key] = op
+            elif isinstance(ops, list):
+                ops.append(op)
+            else:
+                self.watchers[key] = [ops, op]
+            self.count += 1
+
+    def ops_of(self, key: Hashable) -> Sequence[_DelayedOperationCore]:
+        """A copy of the list of ``key`` (empty for an unknown key). O(ops)."""
+        with self.lock:
+            ops = self.watchers.get(key)
+            if ops is None:
+                return ()
+            return ops.copy() if isinstance(ops, list) else (ops,)
+
+    def drop_done(self, key: Hashable) -> None:
+        """Remove the ops of ``key`` that are no longer pending. O(ops)."""
+        with self.lock:
+            ops = self.watchers.get(key)
+            if ops is not None:
+                self._keep_pending(key, ops)
+
+    def cancel(self, key: Hashable) -> list[_DelayedOperationCore]:
+        """Remove the list of ``key``; return its ops. O(ops)."""
+        with self.lock:
+            found = self.watchers.pop(key, None)
+            if found is None:
+                return []
+            ops = found if isinstance(found, list) else [found]
+            self.count -= len(ops)
+            return ops
+
+    def purge(self) -> int:
+        """Remove the ops no longer pending from every list; return how many. O(entries)."""
+        with self.lock:
+            before = self.count
+            for key, ops in list(self.watchers.items()):
+                self._keep_pending(key, ops)
+            return before - self.count
+
+    def _keep_pending(
+        self, key: Hashable, ops: _DelayedOperationCore | list[_DelayedOperationCore]
+    ) -> None:
+        """Drop the ops of ``key`` (which are ``ops``) no longer pending. Caller holds the lock.
+
+        The key goes when none is left; a lone op is stored as is.
+        """
+        listed = ops if isinstance(ops, list) else [ops]
+        kept = [op for op in listed if not op._state]
+        if len(kept) == len(listed):
+            return
+        self.count -= len(listed) - len(kept)
+        if not kept:
+            del self.watchers[key]
+        elif len(kept) == 1:
+            self.watchers[key] = kept[0]
+        else:
+            self.watchers[key] = kept
+
+    def watched_keys(self) -> list[Hashable]:
+        """The keys with a list. O(keys)."""
+        with self.lock:
+            return list(self.watchers)
+
+
+class _PurgatoryCore(Generic[T]):
+    """DelayedOperationPurgatory's hot half: watching, traversals, expiry, purging, counters.
+
+    Its compiled twin is ``tickwheel._speedups._PurgatoryCore``; the rest of
+    :class:`DelayedOperationPurgatory` (set-up, the reaper, shutdown) is shared.
+    """
+
+    def __init__(self, timer: SystemTimer, purge_interval: int, timer_enabled: bool) -> None:
+        self._timer = timer
+        # Bound once: the timer's add and advance this purgatory calls.
+        self._timer_add = timer.add
+        self._timer_advance = timer.advance_clock
+        self.purge_interval = purge_interval
+        self.timer_enabled = timer_enabled
+        self._shards = [_WatcherList() for _ in range(SHARDS)]
+        # Kafka's estimatedTotalOperations: ops watched since the last purge plus the
+        # ops delayed at that purge. An estimate: concurrent increments may be lost,
+        # which at worst delays a purge.
+        self._estimated_total = 0
+        # Counters, changed under _STATE_LOCK (finished = completed + expired).
+        self._num_finished = 0
+        self._num_expired = 0
+        self._num_cancelled = 0
+        self._num_purged = 0
+        self._shutdown = False
+
+    # Provided by DelayedOperationPurgatory.
+    name: str
+
+    @property
+    def timer(self) -> SystemTimer:
+        """The timer that expires the ops; set once, at construction."""
+        return self._timer
+
+    # -- watching and completing ---------------------------------------------------
+
+    def try_complete_else_watch(self, op: T, keys: Sequence[Hashable]) -> bool:
+        """Complete ``op`` now if it can; else watch it on every key and add it to the timer.
+
+        Kafka's double check, under ``op.lock`` (through ``safe_try_complete_or_else``):
+        try to complete; else watch each key (stopping once the op has
+        completed); then try once more. If the op is still pending, it is added
+        to the timer, and cancelled again if it completed meanwhile. Returns True
+        if this call completed the op. O(len(keys)) plus ``try_complete``.
+
+        ``keys`` is a non-empty sequence of hashable keys, matched by value. An op
+        that is no longer pending is not watched again (returns False).
+        """
+        _check_keys(keys)
+        if self._shutdown:
+            raise RuntimeError(f"purgatory {self.name!r} is shut down")
+        if op._state:
+            return False
+        op._purgatory = self
+        if op.safe_try_complete_or_else(lambda: self._watch(op, keys)):
+            return True
+        if not op._state:
+            if self.timer_enabled:
+                self._timer_add(op)
+            if op._state:
+                op.cancel()
+        return False
+
+    def _watch(self, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
+        """Add ``op`` to the watcher list of each key, stopping once it has completed.
+
+        The action between the two tries of ``safe_try_complete_or_else``. O(len(keys)).
+        """
+        watched = False
+        for key in keys:
+            if op._state:
+                break
+            self._shard(key).watch(key, op)
+            watched = True
+        if watched:
+            self._estimated_total += 1
+
+    def _shard(self, key: Hashable) -> _WatcherList:
+        """The shard of ``key``. TypeError if the key is not hashable."""
+        try:
+            return self._shards[hash(key) % SHARDS]
+        except TypeError:
+            raise TypeError(f"watch key {key!r} is not hashable") from None
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try to complete every op watched on ``key``; return how many this call completed.
+
+        Each op is tried under its own lock (blocking on it, so no completion is
+        lost). Ops found already completed are removed and not counted; a list
+        left empty is removed. O(ops watched on key).
+        """
+        shard = self._shard(key)
+        completed = 0
+        dirty = False
+        for op in shard.ops_of(key):
+            if op._state:
+                dirty = True
+            elif op.safe_try_complete():
+                completed += 1
+        if dirty or completed:
+            shard.drop_done(key)
+        return completed
+
+    def cancel_for_key(self, key: Hashable) -> list[T]:
+        """Stop watching ``key``: cancel its pending ops (not completed) and return them.
+
+        The ops leave the timer and can no longer complete or expire; they stay
+        in the lists of their other keys until a traversal or purge. Ops already
+        completed are dropped, not returned (Kafka returns them too). An unknown
+        key gives ``[]``. O(ops watched on key).
+        """
+        cancelled = [op for op in self._shard(key).cancel(key) if op._mark_cancelled()]
+        if cancelled:
+            with _STATE_LOCK:
+                self._num_cancelled += len(cancelled)
+        return cancelled  # type: ignore[return-value]
+
+    # -- expiry and purging ----------------------------------------------------------
+
+    def advance_clock(self, timeout_ms: int = 0) -> bool:
+        """One reaper step: ``timer.advance_clock(timeout_ms)``, then purge if due.
+
+        The purge runs once (estimated watched ops − ``num_delayed``) exceeds
+        ``purge_interval``. Returns what the timer returned (True if a bucket was
+        due). O(1) plus the expired ops, plus O(watched) when it purges.
+        """
+        fired = self._timer_advance(timeout_ms)
+        if self._estimated_total - self.timer.size > self.purge_interval:
+            self.purge_completed()
+        return fired
+
+    def purge_completed(self) -> int:
+        """Remove every op that is no longer pending from all watcher lists; return how many.
+
+        Resets the estimate to ``num_delayed`` (as Kafka). O(watched + keys).
+        """
+        self._estimated_total = self.timer.size
+        purged = sum(shard.purge() for shard in self._shards if shard.count)
+        if purged:
+            with _STATE_LOCK:
+                self._num_purged += purged
+        return purged
+
+    # -- metrics ----------------------------------------------------------------
+
+    @property
+    def watched(self) -> int:
+        """Entries across all watcher lists, completed ones included until removed. O(shards)."""
+        return sum(shard.count for shard in self._shards)
+
+    @property
+    def num_delayed(self) -> int:
+        """Ops pending in the timer (the timer's size). O(1)."""
+        return self.timer.size
+
+    @property
+    def num_completed(self) -> int:
+        """Ops of this purgatory completed by their condition (not expired). O(1)."""
+        return self._num_finished - self._num_expired
+
+    @property
+    def num_expired(self) -> int:
+        """Ops of this purgatory that timed out. O(1)."""
+        return self._num_expired
+
+    @property
+    def num_cancelled(self) -> int:
+        """Ops cancelled by :meth:`cancel_for_key`. O(1)."""
+        return self._num_cancelled
+
+    @property
+    def num_purged(self) -> int:
+        """Watcher entries removed by purges so far. O(1)."""
+        return self._num_purged
+
+
+def _check_keys(keys: Sequence[Hashable]) -> None:
+    """TypeError for a str or bytes (a key, not keys); ValueError for no keys."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(
+            f"keys must be a sequence of keys, not {type(keys).__name__} {keys!r}; "
+            "wrap a single key in a list"
+        )
+    if not keys:
+        raise ValueError("keys must not be empty: an op needs at least one watch key")
+
+
+if not TYPE_CHECKING and speedups is not None:
+    from ._speedups import _DelayedOperationCore, _PurgatoryCore
+
+
+class DelayedOperation(_DelayedOperationCore, metaclass=ABCMeta):
+    """An operation that completes when its condition holds or when ``delay_ms`` has passed.
+
+    Kafka's ``DelayedOperation``. Subclasses override:
+
+    * :meth:`try_complete`: check the condition and call :meth:`force_complete`
+      when it holds; return what ``force_complete()`` returned (False otherwise);
+    * :meth:`on_complete`: runs exactly once, whether the op completed or expired;
+    * :meth:`on_expiration` (optional): runs after ``on_complete()`` when the op
+      timed out.
+
+    ``lock`` is the lock every purgatory call of ``try_complete()`` holds: a new
+    ``threading.RLock`` by default, or one passed in and shared by several ops
+    (which saves its allocation; it must be re-entrant if ``try_complete`` may
+    run while the caller already holds it). The op is its own timer task, so a
+    pending op is one object. A subclass that declares ``__slots__`` keeps it
+    small, and lets the compiled core make its own calls of ``cancel`` and
+    ``safe_try_complete_or_else`` in C (an op with a ``__dict__`` may carry
+    overrides on the instance, so they are looked up as in Python).
+    """
+
+    __slots__ = ()
+
+    # -- to override -----------------------------------------------------------
+
+    @abstractmethod
+    def try_complete(self) -> bool:
+        """Check the condition; when it holds, return what :meth:`force_complete` returns.
+
+        Called with :attr:`lock` held. Must return False when it did not complete the op.
+        """
+
+    @abstractmethod
+    def on_complete(self) -> None:
+        """The op's completion logic; runs exactly once, whether it completed or expired."""
+
+    def on_expiration(self) -> None:
+        """Runs after :meth:`on_complete` when the op timed out. Does nothing by default."""
 
     def __repr__(self) -> str:
         state = ("pending", "completed", "cancelled")[self._state]
@@ -226,77 +517,7 @@ class DelayedOperation(TimerTask, metaclass=ABCMeta):
         )
 
 
-T = TypeVar("T", bound=DelayedOperation)
-
-_BASE_FORCE_COMPLETE = DelayedOperation.force_complete
-_STR_TYPES = (str, bytes)
-
-_SAFE_TRY_COMPLETE_OR_ELSE = DelayedOperation.safe_try_complete_or_else
-
-
-class _WatcherList:
-    """One shard: the watchers of the keys hashing to it, under one lock (Kafka's ``WatcherList``).
-
-    ``watchers`` maps a key to what watches it: the op itself while it is the
-    only one (no list allocated: the common case of one op per key), else a list
-    of ops. A key is never mapped to an empty list. ``count`` is the number of
-    entries in all lists.
-    """
-
-    __slots__ = ("count", "lock", "watchers")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.watchers: dict[Hashable, DelayedOperation | list[DelayedOperation]] = {}
-        self.count = 0
-
-    def drop_done(self, key: Hashable) -> None:
-        """Remove the ops of ``key`` that are no longer pending. Caller holds the lock. O(ops)."""
-        watchers = self.watchers
-        ops = watchers.get(key)
-        if ops is None:
-            return
-        if not isinstance(ops, list):
-            if ops._state:
-                del watchers[key]
-                self.count -= 1
-            return
-        kept = [op for op in ops if not op._state]
-        removed = len(ops) - len(kept)
-        if removed:
-            self.count -= removed
-            if kept:
-                watchers[key] = kept
-            else:
-                del watchers[key]
-
-    def purge(self) -> int:
-        """Remove the ops no longer pending from every list; return how many. O(entries)."""
-        purged = 0
-        with self.lock:
-            watchers = self.watchers
-            emptied: list[Hashable] = []
-            for key, ops in watchers.items():
-                if not isinstance(ops, list):
-                    if ops._state:
-                        emptied.append(key)
-                        purged += 1
-                    continue
-                kept = [op for op in ops if not op._state]
-                removed = len(ops) - len(kept)
-                if removed:
-                    purged += removed
-                    if kept:
-                        watchers[key] = kept  # same key: allowed while iterating
-                    else:
-                        emptied.append(key)
-            for key in emptied:
-                del watchers[key]
-            self.count -= purged
-        return purged
-
-
-class DelayedOperationPurgatory(Generic[T]):
+class DelayedOperationPurgatory(_PurgatoryCore[T], Generic[T]):
     """Kafka's ``DelayedOperationPurgatory``: pending ops watched by key and timed out by a timer.
 
     ``timer``: the :class:`~tickwheel.SystemTimer` that expires the ops. When None,
@@ -334,24 +555,11 @@ class DelayedOperationPurgatory(Generic[T]):
         if timer is not None and not isinstance(timer, SystemTimer):
             raise TypeError(f"timer must be a SystemTimer or None, got {timer!r}")
         self.name = name
-        self.purge_interval = purge_interval
-        self.timer_enabled = bool(timer_enabled)
         self.reaper_enabled = bool(reaper_enabled)
         self._owns_timer = timer is None
-        self.timer: SystemTimer = timer if timer is not None else SystemTimer(name)
-        self._timer_add = self.timer.add
-        self._timer_advance = self.timer.advance_clock
-        self._shards = [_WatcherList() for _ in range(SHARDS)]
-        # Kafka's estimatedTotalOperations: ops watched since the last purge plus the
-        # ops delayed at that purge. An estimate: concurrent increments may be lost,
-        # which at worst delays a purge.
-        self._estimated_total = 0
-        # Counters, changed under _STATE_LOCK (finished = completed + expired).
-        self._num_finished = 0
-        self._num_expired = 0
-        self._num_cancelled = 0
-        self._num_purged = 0
-        self._shutdown = False
+        super().__init__(
+            timer if timer is not None else SystemTimer(name), purge_interval, bool(timer_enabled)
+        )
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         if self.reaper_enabled:
@@ -359,179 +567,6 @@ class DelayedOperationPurgatory(Generic[T]):
                 target=self._reap, name=f"ExpirationReaper-{name}", daemon=True
             )
             self._reaper.start()
-
-    # -- watching and completing ---------------------------------------------------
-
-    def try_complete_else_watch(self, op: T, keys: Sequence[Hashable]) -> bool:
-        """Complete ``op`` now if it can; else watch it on every key and add it to the timer.
-
-        Kafka's double check, under ``op.lock`` (through ``safe_try_complete_or_else``):
-        try to complete; else watch each key (stopping once the op has
-        completed); then try once more. If the op is still pending, it is added
-        to the timer, and cancelled again if it completed meanwhile. Returns True
-        if this call completed the op. O(len(keys)) plus ``try_complete``.
-
-        ``keys`` is a non-empty sequence of hashable keys, matched by value. An op
-        that is no longer pending is not watched again (returns False).
-        """
-        keys_class = keys.__class__
-        if (keys_class is not tuple and keys_class is not list) or not keys:
-            if isinstance(keys, _STR_TYPES):
-                raise TypeError(
-                    f"keys must be a sequence of keys, not {type(keys).__name__} {keys!r}; "
-                    "wrap a single key in a list"
-                )
-            if not keys:
-                raise ValueError("keys must not be empty: an op needs at least one watch key")
-        if self._shutdown:
-            raise RuntimeError(f"purgatory {self.name!r} is shut down")
-        if op._state:
-            return False
-        op._purgatory = self
-        if type(op).safe_try_complete_or_else is _SAFE_TRY_COMPLETE_OR_ELSE:
-            # op.safe_try_complete_or_else(lambda: self._watch(op, keys)), inlined:
-            # no closure per request, and one call fewer on the hot path.
-            lock = op.lock
-            lock.acquire()
-            try:
-                if op.try_complete():
-                    return True
-                self._watch(op, keys)
-                if op.try_complete():
-                    return True
-            finally:
-                lock.release()
-        elif op.safe_try_complete_or_else(lambda: self._watch(op, keys)):
-            return True
-        if not op._state:
-            if self.timer_enabled:
-                self._timer_add(op)
-            if op._state:
-                op.cancel()
-        return False
-
-    def _watch(self, op: DelayedOperation, keys: Sequence[Hashable]) -> None:
-        """Add ``op`` to the watcher list of each key, stopping once it has completed.
-
-        The action between the two tries of ``safe_try_complete_or_else``. O(len(keys)).
-        """
-        shards = self._shards
-        watched = False
-        for key in keys:
-            if op._state:
-                break
-            try:
-                shard = shards[hash(key) % SHARDS]
-            except TypeError:
-                raise TypeError(f"watch key {key!r} is not hashable") from None
-            lock = shard.lock
-            lock.acquire()
-            try:
-                watchers = shard.watchers
-                ops = watchers.get(key)
-                if ops is None:
-                    watchers[key] = op  # a lone op is stored as is
-                elif ops.__class__ is list:
-                    ops.append(op)
-                else:
-                    watchers[key] = [ops, op]  # type: ignore[list-item]
-                shard.count += 1
-            finally:
-                lock.release()
-            watched = True
-        if watched:
-            self._estimated_total += 1
-
-    def check_and_complete(self, key: Hashable) -> int:
-        """Try to complete every op watched on ``key``; return how many this call completed.
-
-        Each op is tried under its own lock (blocking on it, so no completion is
-        lost). Ops found already completed are removed and not counted; a list
-        left empty is removed. O(ops watched on key).
-        """
-        shard = self._shards[hash(key) % SHARDS]
-        lock = shard.lock
-        lock.acquire()
-        try:
-            ops = shard.watchers.get(key)
-            if ops is None:
-                return 0
-            # A lone op is stored as is: no list to copy.
-            snapshot = ops.copy() if isinstance(ops, list) else (ops,)
-        finally:
-            lock.release()
-        completed = 0
-        dirty = False
-        for op in snapshot:
-            if op._state:
-                dirty = True
-                continue
-            # op.safe_try_complete(), inlined: this is the hot path.
-            op_lock = op.lock
-            op_lock.acquire()
-            try:
-                done = op.try_complete()
-            finally:
-                op_lock.release()
-            if done:
-                completed += 1
-        if dirty or completed:
-            lock.acquire()
-            try:
-                shard.drop_done(key)
-            finally:
-                lock.release()
-        return completed
-
-    def cancel_for_key(self, key: Hashable) -> list[T]:
-        """Stop watching ``key``: cancel its pending ops (not completed) and return them.
-
-        The ops leave the timer and can no longer complete or expire; they stay
-        in the lists of their other keys until a traversal or purge. Ops already
-        completed are dropped, not returned (Kafka returns them too). An unknown
-        key gives ``[]``. O(ops watched on key).
-        """
-        shard = self._shards[hash(key) % SHARDS]
-        with shard.lock:
-            found = shard.watchers.pop(key, None)
-            if found is None:
-                return []
-            ops = found if isinstance(found, list) else [found]
-            shard.count -= len(ops)
-        cancelled = [op for op in ops if op._mark_cancelled()]
-        if cancelled:
-            with _STATE_LOCK:
-                self._num_cancelled += len(cancelled)
-        return cancelled  # type: ignore[return-value]
-
-    # -- expiry and purging ----------------------------------------------------------
-
-    def advance_clock(self, timeout_ms: int = 0) -> bool:
-        """One reaper step: ``timer.advance_clock(timeout_ms)``, then purge if due.
-
-        The purge runs once (estimated watched ops − ``num_delayed``) exceeds
-        ``purge_interval``. Returns what the timer returned (True if a bucket was
-        due). O(1) plus the expired ops, plus O(watched) when it purges.
-        """
-        fired = self._timer_advance(timeout_ms)
-        if self._estimated_total - self.timer.size > self.purge_interval:
-            self.purge_completed()
-        return fired
-
-    def purge_completed(self) -> int:
-        """Remove every op that is no longer pending from all watcher lists; return how many.
-
-        Resets the estimate to ``num_delayed`` (as Kafka). O(watched + keys).
-        """
-        self._estimated_total = self.timer.size
-        purged = 0
-        for shard in self._shards:
-            if shard.count:
-                purged += shard.purge()
-        if purged:
-            with _STATE_LOCK:
-                self._num_purged += purged
-        return purged
 
     def _reap(self) -> None:
         """The ExpirationReaper thread: advance the clock until shutdown."""
@@ -549,45 +584,9 @@ class DelayedOperationPurgatory(Generic[T]):
                     return
                 logger.exception("ExpirationReaper-%s: advance_clock failed", self.name)
 
-    # -- metrics ----------------------------------------------------------------
-
-    @property
-    def watched(self) -> int:
-        """Entries across all watcher lists, completed ones included until removed. O(shards)."""
-        return sum(shard.count for shard in self._shards)
-
-    @property
-    def num_delayed(self) -> int:
-        """Ops pending in the timer (the timer's size). O(1)."""
-        return self.timer.size
-
-    @property
-    def num_completed(self) -> int:
-        """Ops of this purgatory completed by their condition (not expired). O(1)."""
-        return self._num_finished - self._num_expired
-
-    @property
-    def num_expired(self) -> int:
-        """Ops of this purgatory that timed out. O(1)."""
-        return self._num_expired
-
-    @property
-    def num_cancelled(self) -> int:
-        """Ops cancelled by :meth:`cancel_for_key`. O(1)."""
-        return self._num_cancelled
-
-    @property
-    def num_purged(self) -> int:
-        """Watcher entries removed by purges so far. O(1)."""
-        return self._num_purged
-
     def watched_keys(self) -> list[Hashable]:
         """The keys that have a watcher list now. O(keys); for inspection."""
-        keys: list[Hashable] = []
-        for shard in self._shards:
-            with shard.lock:
-                keys.extend(shard.watchers)
-        return keys
+        return [key for shard in self._shards for key in shard.watched_keys()]
 
     # -- lifecycle -----------------------------------------------------------------
 
