@@ -33,12 +33,16 @@ def loop() -> Iterator[VirtualClockEventLoop]:
 def test_all_is_pinned_and_documented() -> None:
     assert set(aio.__all__) == {
         "AsyncTimer",
+        "EventLoop",
+        "EventLoopPolicy",
         "Timeout",
         "TimerHandle",
         "VirtualClockEventLoop",
         "call_at",
         "call_later",
         "get_timer",
+        "install",
+        "new_event_loop",
         "sleep",
         "timeout",
         "timeout_at",
