@@ -43,6 +43,7 @@ def test_all_is_pinned_and_documented() -> None:
         "get_timer",
         "install",
         "new_event_loop",
+        "new_uvloop_event_loop",
         "sleep",
         "timeout",
         "timeout_at",

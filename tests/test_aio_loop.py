@@ -185,3 +185,28 @@ def test_a_raising_callback_goes_to_the_exception_handler() -> None:
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="asyncio.run(loop_factory=) is 3.12+")
 def test_asyncio_run_with_loop_factory() -> None:
     assert asyncio.run(_running_loop_type(), loop_factory=aio.new_event_loop) is aio.EventLoop  # type: ignore[call-arg]
+
+
+def test_the_uvloop_variant_puts_its_timers_on_the_wheel() -> None:
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, uvloop.Loop)
+        t0 = loop.time()
+        sleepers = [asyncio.ensure_future(asyncio.sleep(5)) for _ in range(20)]
+        await asyncio.sleep(0.02)
+        seen["slept"] = loop.time() - t0 >= 0.02
+        seen["wheel"] = loop.wheel_timer.size  # type: ignore[attr-defined]
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(10)
+        for task in sleepers:
+            task.cancel()
+        await asyncio.gather(*sleepers, return_exceptions=True)
+        seen["after"] = loop.wheel_timer.size  # type: ignore[attr-defined]
+
+    with asyncio.Runner(loop_factory=aio.new_uvloop_event_loop) as runner:
+        runner.run(main())
+    assert seen == {"slept": True, "wheel": 20, "after": 0}

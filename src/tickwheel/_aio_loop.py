@@ -33,10 +33,93 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .aio import AsyncTimer, TimerHandle
 
-__all__ = ["EventLoop", "EventLoopPolicy", "install", "new_event_loop"]
+__all__ = ["EventLoop", "EventLoopPolicy", "install", "new_event_loop", "new_uvloop_event_loop"]
 
 
-class EventLoop(asyncio.SelectorEventLoop):
+class _WheelTimers:
+    """``call_later`` and ``call_at`` on one AsyncTimer: what both loop classes add to their base.
+
+    A mixin placed before the loop class in the bases. The subclass creates
+    the wheel with :meth:`_start_wheel` and says how its base arms a real timer.
+    """
+
+    _wheel_timer: AsyncTimer
+
+    def _start_wheel(
+        self, tick_ms: int, wheel_size: int, arm: Callable[..., asyncio.TimerHandle]
+    ) -> None:
+        from .aio import AsyncTimer  # tickwheel.aio re-exports this module's names
+
+        self._wheel_timer = AsyncTimer(
+            tick_ms,
+            wheel_size,
+            loop=self,  # type: ignore[arg-type]
+            loop_call_at=arm,
+        )
+
+    # The handles are tickwheel's, not asyncio.TimerHandle (see EventLoop's doc):
+    # hence the ignored incompatibility with the loop base classes.
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` ``delay`` seconds from now, on the wheel. O(1).
+
+        As ``asyncio.BaseEventLoop.call_later``; the deadline is rounded up to
+        the tick.
+        """
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self.time() + delay, callback, *args, context=context)  # type: ignore[attr-defined]
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` once ``loop.time()`` reaches ``when``, on the wheel. O(1).
+
+        As ``asyncio.BaseEventLoop.call_at``: the callback runs in ``context``,
+        or in a copy of the caller's context.
+        """
+        if when is None:
+            raise TypeError("when cannot be None")
+        if self.is_closed():  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        if self.get_debug():  # type: ignore[attr-defined]
+            self._debug_checks(callback)
+        elif not callable(callback):
+            raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
+        if context is None:
+            context = contextvars.copy_context()
+        return self._wheel_timer.call_at(when, callback, *args, context=context)
+
+    def _debug_checks(self, callback: object) -> None:
+        """Debug mode's checks of a timer call: the loop's thread, and the callback."""
+        if asyncio.iscoroutine(callback) or asyncio.iscoroutinefunction(callback):
+            raise TypeError("coroutines cannot be used with call_at()")
+        if not callable(callback):
+            raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
+
+    @property
+    def wheel_timer(self) -> AsyncTimer:
+        """The :class:`~tickwheel.aio.AsyncTimer` holding this loop's timers. O(1)."""
+        return self._wheel_timer
+
+    def close(self) -> None:
+        """Cancel the wheel's pending timers, then close the loop as its base does."""
+        if self.is_running():  # type: ignore[attr-defined]
+            raise RuntimeError("Cannot close a running event loop")
+        self._wheel_timer.close()
+        super().close()  # type: ignore[misc]
+
+
+class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
     """asyncio's selector event loop whose ``call_later`` and ``call_at`` use a timing wheel.
 
     ``tick_ms`` and ``wheel_size`` are the wheel's (see
@@ -55,66 +138,14 @@ class EventLoop(asyncio.SelectorEventLoop):
         tick_ms: int = 1,
         wheel_size: int = 20,
     ) -> None:
-        from .aio import AsyncTimer  # tickwheel.aio re-exports this module's names
-
         super().__init__(selector)
         # The wheel arms its one loop timer through asyncio's own call_at: the
-        # overridden one below would send it back into the wheel.
-        self._wheel_timer = AsyncTimer(tick_ms, wheel_size, loop=self, loop_call_at=super().call_at)
+        # overridden one would send it back into the wheel.
+        self._start_wheel(tick_ms, wheel_size, super(_WheelTimers, self).call_at)
 
-    # The handles are tickwheel's, not asyncio.TimerHandle (see the class doc):
-    # hence the ignored override of the return type.
-    def call_later(  # type: ignore[override]
-        self,
-        delay: float,
-        callback: Callable[..., object],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> TimerHandle:
-        """Run ``callback(*args)`` ``delay`` seconds from now, on the wheel. O(1).
-
-        As ``asyncio.BaseEventLoop.call_later``; the deadline is rounded up to
-        the tick.
-        """
-        if delay is None:
-            raise TypeError("delay must not be None")
-        return self.call_at(self.time() + delay, callback, *args, context=context)
-
-    def call_at(  # type: ignore[override]
-        self,
-        when: float,
-        callback: Callable[..., object],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> TimerHandle:
-        """Run ``callback(*args)`` once ``loop.time()`` reaches ``when``, on the wheel. O(1).
-
-        As ``asyncio.BaseEventLoop.call_at``: the callback runs in ``context``,
-        or in a copy of the caller's context.
-        """
-        if when is None:
-            raise TypeError("when cannot be None")
-        self._check_closed()  # type: ignore[attr-defined]
-        if self._debug:  # type: ignore[attr-defined]
-            self._check_thread()  # type: ignore[attr-defined]
-            self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
-        elif not callable(callback):
-            raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
-        if context is None:
-            context = contextvars.copy_context()
-        return self._wheel_timer.call_at(when, callback, *args, context=context)
-
-    @property
-    def wheel_timer(self) -> AsyncTimer:
-        """The :class:`~tickwheel.aio.AsyncTimer` holding this loop's timers. O(1)."""
-        return self._wheel_timer
-
-    def close(self) -> None:
-        """Cancel the wheel's pending timers, then close the loop as asyncio does."""
-        if self.is_running():
-            raise RuntimeError("Cannot close a running event loop")
-        self._wheel_timer.close()
-        super().close()
+    def _debug_checks(self, callback: object) -> None:
+        self._check_thread()  # type: ignore[attr-defined]
+        self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
 
 
 def new_event_loop() -> EventLoop:
@@ -132,3 +163,40 @@ class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
 def install() -> None:
     """Make :class:`EventLoopPolicy` asyncio's policy: every new loop is an :class:`EventLoop`."""
     asyncio.set_event_loop_policy(EventLoopPolicy())
+
+
+def new_uvloop_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop whose ``call_later`` and ``call_at`` use a timing wheel (needs uvloop).
+
+    The same drop-in as :class:`EventLoop` on ``uvloop.Loop``. uvloop's own
+    ``call_at`` calls ``self.call_later``, so the wheel arms its real timer
+    through ``uvloop.Loop.call_later`` itself, which libuv keeps in
+    milliseconds. Raises ImportError, saying what to install, without uvloop.
+    """
+    global _UVLOOP_CLASS
+    if _UVLOOP_CLASS is None:
+        try:
+            import uvloop
+        except ImportError:
+            raise ImportError(
+                "tickwheel.aio.new_uvloop_event_loop needs uvloop: pip install uvloop"
+            ) from None
+
+        class UVEventLoop(_WheelTimers, uvloop.Loop):  # type: ignore[misc]
+            """uvloop's loop whose ``call_later`` and ``call_at`` use a timing wheel."""
+
+            def __init__(self, *, tick_ms: int = 1, wheel_size: int = 20) -> None:
+                super().__init__()
+                later = uvloop.Loop.call_later
+
+                def arm(when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+                    return later(self, when - self.time(), callback, *args, **kwargs)
+
+                self._start_wheel(tick_ms, wheel_size, arm)
+
+        _UVLOOP_CLASS = UVEventLoop
+    loop: asyncio.AbstractEventLoop = _UVLOOP_CLASS()
+    return loop
+
+
+_UVLOOP_CLASS: Any = None

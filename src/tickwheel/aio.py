@@ -53,6 +53,7 @@ __all__ = [
     "get_timer",
     "install",
     "new_event_loop",
+    "new_uvloop_event_loop",
     "sleep",
     "timeout",
     "timeout_at",
@@ -737,4 +738,10 @@ async def wait_for(aw: Awaitable[_T], delay: float | None) -> _T:
 
 
 # The drop-in event loop builds on AsyncTimer above.
-from ._aio_loop import EventLoop, EventLoopPolicy, install, new_event_loop  # noqa: E402
+from ._aio_loop import (  # noqa: E402
+    EventLoop,
+    EventLoopPolicy,
+    install,
+    new_event_loop,
+    new_uvloop_event_loop,
+)
