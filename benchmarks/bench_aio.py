@@ -296,6 +296,90 @@ def measure_memory(side: str, w: Workload) -> Memory:
         loop.close()
 
 
+# -- the drop-in loop: asyncio's own APIs on EventLoop --------------------------------
+
+
+def _virtual_wheel_loop(pkg: Any) -> asyncio.AbstractEventLoop:
+    """``pkg``'s EventLoop behaviour (its timers on the wheel) on the jumping virtual clock."""
+    mixin = pkg._aio_loop._WheelTimers
+
+    class VirtualWheelLoop(mixin, VirtualClockEventLoop):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            VirtualClockEventLoop.__init__(self, start=10_000.0)
+            self._start_wheel(1, 20, super(mixin, self).call_at)
+
+    return VirtualWheelLoop()
+
+
+def _drop_in_loop(side: str) -> asyncio.AbstractEventLoop:
+    if side == "stock":
+        return VirtualClockEventLoop(start=10_000.0)
+    return _virtual_wheel_loop(tickwheel if side == "tickwheel" else PURE)
+
+
+async def _call_later_cancel(w: Workload) -> None:
+    """loop.call_later for every delay, cancel 90 %, let the rest fire."""
+    loop = asyncio.get_running_loop()
+    fired = 0
+    done = loop.create_future()
+
+    def callback() -> None:
+        nonlocal fired
+        fired += 1
+        if fired == w.n - len(w.cancel):
+            done.set_result(None)
+
+    handles = [loop.call_later(d, callback) for d in w.delays]
+    for i in w.cancel:
+        handles[i].cancel()
+    await done
+
+
+async def _timeouts(w: Workload) -> None:
+    """Enter and exit ``asyncio.timeout(delay)`` around a step that never times out."""
+    for d in w.delays:
+        async with asyncio.timeout(d):
+            pass
+
+
+async def _sleeps(w: Workload) -> None:
+    """One task per survivor sleeping its delay (asyncio.sleep), all gathered."""
+    await asyncio.gather(*(asyncio.sleep(d) for d in w.delays[: w.n // 10]))
+
+
+DROP_IN = {
+    "loop.call_later/cancel": _call_later_cancel,
+    "asyncio.timeout enter/exit": _timeouts,
+    "asyncio.sleep tasks": _sleeps,
+}
+
+
+def drop_in(n: int, seed: int, repeat: int) -> None:
+    """Time asyncio's own timer APIs on the stock loop and on the wheel's loop (both paths)."""
+    w = make_workload(n, seed)
+    sides = ["stock", "tickwheel", "tickwheel-pure"]
+    print()
+    print(f"drop-in loop, N = {n:,}: CPU ms (best of {repeat}), ratio to the stock loop")
+    print(f"{'path':<28} " + " ".join(f"{side:>16}" for side in sides))
+    for name, workload in DROP_IN.items():
+        best = dict.fromkeys(sides, math.inf)
+        for _ in range(repeat):
+            for side in sides:
+                loop = _drop_in_loop(side)
+                try:
+                    gc.collect()
+                    t0 = time.process_time_ns()
+                    loop.run_until_complete(workload(w))
+                    best[side] = min(best[side], time.process_time_ns() - t0)
+                finally:
+                    loop.close()
+        base = best["stock"]
+        cells = [f"{best['stock'] / 1e6:>16.1f}"] + [
+            f"{best[side] / 1e6:>9.1f} {best[side] / base:5.2f}x" for side in sides[1:]
+        ]
+        print(f"{name:<28} " + " ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -311,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--no-floor", action="store_true", help="skip the floor side and its bound line"
+    )
+    parser.add_argument(
+        "--drop-in",
+        action="store_true",
+        help="also time asyncio's own APIs on the stock loop and on tickwheel.aio.EventLoop",
     )
     args = parser.parse_args(argv)
     if args.no_gc:
@@ -372,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{label}: the {floor_side}'s schedule, cancel and re-arm with tickwheel's "
                     f"fire: {bound / 1e6:.1f} ms = {bound / base:.2f}x asyncio"
                 )
+    if args.drop_in:
+        for n in args.sizes:
+            drop_in(n, args.seed, args.repeat)
     w = make_workload(args.memory_n, args.seed)
     print()
     print(f"memory, N = {args.memory_n:,} (tracemalloc; cancelling 90 %)")

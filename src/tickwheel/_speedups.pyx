@@ -1858,3 +1858,53 @@ cdef class _PurgatoryCore:
     def num_purged(self):
         """Watcher entries removed by purges so far. O(1)."""
         return self._num_purged
+
+
+# -- the drop-in event loop's call_later and call_at (tickwheel._aio_loop) ------------------
+
+
+cdef extern from "Python.h":
+    object PyContext_CopyCurrent()  # contextvars.copy_context(), in C
+
+
+cdef object _loop_schedule(object loop, object when, object callback, tuple args, object context):
+    """``_WheelTimers.call_at`` after its ``when`` is known (see tickwheel._aio_loop)."""
+    cdef AsyncTimerCore timer = loop._wheel_timer
+    cdef double w = _seconds(when, False)
+    if timer._closed:
+        raise RuntimeError("Event loop is closed")
+    debug = getattr(loop, "_debug", None)
+    if debug is None:
+        debug = loop.get_debug()  # a loop whose debug flag is not a Python attribute (uvloop)
+    if debug:
+        loop._debug_checks(callback)
+    elif not callable(callback):
+        raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
+    if context is None:
+        context = PyContext_CopyCurrent()
+    return timer._schedule_c(w, context.run, (callback,) + args)
+
+
+def loop_call_later(self, delay, callback, *args, context=None):
+    """Run ``callback(*args)`` ``delay`` seconds from now, on the wheel. O(1).
+
+    The compiled ``call_later`` of tickwheel's event loops (see
+    ``tickwheel._aio_loop._WheelTimers.call_later``).
+    """
+    if delay is None:
+        raise TypeError("delay must not be None")
+    cdef AsyncTimerCore timer = self._wheel_timer
+    if type(delay) is float:
+        return _loop_schedule(self, timer._now_s() + <double>delay, callback, args, context)
+    return _loop_schedule(self, self.time() + delay, callback, args, context)
+
+
+def loop_call_at(self, when, callback, *args, context=None):
+    """Run ``callback(*args)`` once ``loop.time()`` reaches ``when``, on the wheel. O(1).
+
+    The compiled ``call_at`` of tickwheel's event loops (see
+    ``tickwheel._aio_loop._WheelTimers.call_at``).
+    """
+    if when is None:
+        raise TypeError("when cannot be None")
+    return _loop_schedule(self, when, callback, args, context)

@@ -737,7 +737,10 @@ async def wait_for(aw: Awaitable[_T], delay: float | None) -> _T:
     return await get_timer().wait_for(aw, delay)
 
 
-# The drop-in event loop builds on AsyncTimer above.
+# The drop-in event loop builds on AsyncTimer above, this module's own.
+from . import _aio_loop  # noqa: E402
+
+_aio_loop._timer_class = AsyncTimer
 from ._aio_loop import (  # noqa: E402
     EventLoop,
     EventLoopPolicy,
