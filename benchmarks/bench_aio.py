@@ -51,6 +51,7 @@ import gc
 import math
 import platform
 import random
+import selectors
 import sys
 import time
 import tracemalloc
@@ -60,6 +61,7 @@ from typing import Any
 
 import tickwheel
 from tickwheel._accel import load_pure
+from tickwheel._aio_virtual import _JumpingSelector
 from tickwheel.aio import AsyncTimer, VirtualClockEventLoop
 
 # The pure-Python reference, loaded beside the installed package (compiled when built).
@@ -300,13 +302,15 @@ def measure_memory(side: str, w: Workload) -> Memory:
 
 
 def _virtual_wheel_loop(pkg: Any) -> asyncio.AbstractEventLoop:
-    """``pkg``'s EventLoop behaviour (its timers on the wheel) on the jumping virtual clock."""
-    mixin = pkg._aio_loop._WheelTimers
+    """``pkg``'s EventLoop on the jumping virtual clock of :class:`VirtualClockEventLoop`."""
 
-    class VirtualWheelLoop(mixin, VirtualClockEventLoop):  # type: ignore[misc, valid-type]
+    class VirtualWheelLoop(pkg.aio.EventLoop):  # type: ignore[misc, name-defined]
+        time = VirtualClockEventLoop.time
+        _jump_to_next_timer = VirtualClockEventLoop._jump_to_next_timer
+
         def __init__(self) -> None:
-            VirtualClockEventLoop.__init__(self, start=10_000.0)
-            self._start_wheel(1, 20, super(mixin, self).call_at)
+            self._virtual_time = 10_000.0
+            super().__init__(_JumpingSelector(self, selectors.DefaultSelector()))
 
     return VirtualWheelLoop()
 

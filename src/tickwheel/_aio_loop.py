@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import heapq
 import selectors
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -152,9 +153,38 @@ class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
         wheel_size: int = 20,
     ) -> None:
         super().__init__(selector)
-        # The wheel arms its one loop timer through asyncio's own call_at: the
-        # overridden one would send it back into the wheel.
-        self._start_wheel(tick_ms, wheel_size, super(_WheelTimers, self).call_at)
+        self._spare_timer: asyncio.TimerHandle | None = None
+        self._start_wheel(tick_ms, wheel_size, self._arm_real_timer)
+
+    def _arm_real_timer(
+        self, when: float, callback: Callable[[], object], *, context: contextvars.Context
+    ) -> asyncio.TimerHandle:
+        """Arm the wheel's one real timer: asyncio's own ``call_at``, never the overridden one.
+
+        The wheel re-arms it once per due deadline, from inside the callback of
+        the timer that just fired, which asyncio has already taken off its
+        heap. That handle is then pushed back with the new deadline instead of
+        building a new one (``TimerHandle.__init__`` costs as much as the rest
+        of the re-arm). A handle that was cancelled, or is still queued, is
+        never reused.
+        """
+        spare = self._spare_timer
+        if (
+            spare is not None
+            and not spare._scheduled  # type: ignore[attr-defined]
+            and not spare._cancelled
+            and spare._callback == callback  # type: ignore[attr-defined]
+            and spare._context is context  # type: ignore[attr-defined]
+            and not self._debug  # type: ignore[attr-defined]
+        ):
+            self._check_closed()  # type: ignore[attr-defined]
+            spare._when = when  # type: ignore[attr-defined]
+            heapq.heappush(self._scheduled, spare)  # type: ignore[attr-defined]
+            spare._scheduled = True  # type: ignore[attr-defined]
+            return spare
+        handle = super(_WheelTimers, self).call_at(when, callback, context=context)
+        self._spare_timer = handle
+        return handle
 
     def _debug_checks(self, callback: object) -> None:
         self._check_thread()  # type: ignore[attr-defined]
