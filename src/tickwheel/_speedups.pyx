@@ -929,18 +929,25 @@ cdef double _seconds(object value, bint is_delay) except? -1.0:
     return (_check_delay_s if is_delay else _check_when_s)(value)
 
 
+cdef extern from "Python.h":
+    int PyContext_Enter(object) except -1
+    int PyContext_Exit(object) except -1
+
+
 cdef class TimerHandle(TimerTaskEntry):
     """A callback scheduled on an AsyncTimer, like :class:`asyncio.TimerHandle` (see ``aio``)."""
 
     cdef public double _when
     cdef public object _callback
     cdef public object _args
+    cdef public object _context
 
-    def __init__(self, double when, callback, tuple args):
+    def __init__(self, double when, callback, tuple args, context=None):
         self.expiration_ms = -1
         self._when = when
         self._callback = callback
         self._args = args
+        self._context = context
 
     def when(self):
         """The deadline, in the loop's time (seconds). O(1)."""
@@ -956,25 +963,38 @@ cdef class TimerHandle(TimerTaskEntry):
         self._list = CANCELLED_C
         self._callback = None
         self._args = None
+        self._context = None
 
     def cancelled(self):
         """True once :meth:`cancel` was called. O(1)."""
         return self._list is CANCELLED_C
 
     def _run(self):
-        """Call the callback (the timer catches what it raises)."""
-        self._callback(*self._args)
+        """Call the callback, in its context if it has one (the timer catches what it raises)."""
+        _run_handle(self)
 
     def _user_callback(self):
-        """The callback as given (not ``context.run``), or None once cancelled."""
-        from tickwheel.aio import user_callback
-
-        return user_callback(self)
+        """The callback, or None once cancelled."""
+        return self._callback
 
     def __repr__(self):
         from tickwheel.aio import handle_repr
 
         return handle_repr(self)
+
+
+cdef int _run_handle(TimerHandle handle) except -1:
+    """Call the handle's callback, inside its context when it has one (``Context.run``)."""
+    cdef object context = handle._context
+    if context is None:
+        handle._callback(*handle._args)
+        return 0
+    PyContext_Enter(context)
+    try:
+        handle._callback(*handle._args)
+    finally:
+        PyContext_Exit(context)
+    return 0
 
 
 cdef class AsyncTimerCore(TimerCore):
@@ -1001,20 +1021,16 @@ cdef class AsyncTimerCore(TimerCore):
         cdef double d = _seconds(delay, True)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        if context is not None:
-            return self._schedule_c(self._now_s() + d, context.run, (callback,) + args)
-        return self._schedule_c(self._now_s() + d, callback, args)
+        return self._schedule_c(self._now_s() + d, callback, args, context)
 
     def call_at(self, when, callback, *args, context=None):
         """Run ``callback(*args)`` once the loop's time reaches ``when``; return its handle. O(1)."""
         cdef double w = _seconds(when, False)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        if context is not None:
-            return self._schedule_c(w, context.run, (callback,) + args)
-        return self._schedule_c(w, callback, args)
+        return self._schedule_c(w, callback, args, context)
 
-    cdef TimerHandle _schedule_c(self, double when, object callback, tuple args):
+    cdef TimerHandle _schedule_c(self, double when, object callback, tuple args, object context):
         cdef TimerHandle handle
         cdef long long m, tick
         if self._closed:
@@ -1023,6 +1039,7 @@ cdef class AsyncTimerCore(TimerCore):
         handle._when = when
         handle._callback = callback
         handle._args = args
+        handle._context = context
         m = _ceil_ms(when)
         tick = self._wheel.tick_ms
         if tick != 1:
@@ -1037,9 +1054,9 @@ cdef class AsyncTimerCore(TimerCore):
             self._arm_c(m)
         return handle
 
-    def _schedule(self, double when, callback, tuple args):
-        """``call_at`` without the argument checks or a context: ``when`` is a finite float."""
-        return self._schedule_c(when, callback, args)
+    def _schedule(self, double when, callback, tuple args, context=None):
+        """``call_at`` without the argument checks: ``when`` is a finite float."""
+        return self._schedule_c(when, callback, args, context)
 
     cdef int _arm_c(self, long long expiration_ms) except -1:
         self._disarm_c()
@@ -1110,7 +1127,7 @@ cdef class AsyncTimerCore(TimerCore):
             if handle._list is CANCELLED_C:
                 continue
             try:
-                handle._callback(*handle._args)
+                _run_handle(handle)
             except (SystemExit, KeyboardInterrupt):
                 # Keep the rest for the next iteration, then let it propagate.
                 rest = handles[i:]
@@ -1882,7 +1899,7 @@ cdef object _loop_schedule(object loop, object when, object callback, tuple args
         raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
     if context is None:
         context = PyContext_CopyCurrent()
-    return timer._schedule_c(w, context.run, (callback,) + args)
+    return timer._schedule_c(w, callback, args, context)
 
 
 def loop_call_later(self, delay, callback, *args, context=None):

@@ -118,19 +118,27 @@ class TimerHandle(TimerTaskEntry):
     timer's tick, the key of its bucket.
     """
 
-    # With a context, the callback is stored as ``context.run`` and the real
-    # callback leads the arguments: one slot less, and one call path.
-    __slots__ = ("_args", "_callback", "_when")
+    # The context a callback runs in, when it has its own (asyncio gives every
+    # callback a copy of its caller's): entered around the call, as Context.run.
+    __slots__ = ("_args", "_callback", "_context", "_when")
 
     _callback: Callable[..., object] | None
     _args: tuple[Any, ...] | None
+    _context: contextvars.Context | None
     _when: float
 
-    def __init__(self, when: float, callback: Callable[..., object], args: tuple[Any, ...]) -> None:
+    def __init__(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        context: contextvars.Context | None = None,
+    ) -> None:
         super().__init__()
         self._when = when
         self._callback = callback
         self._args = args
+        self._context = context
 
     def when(self) -> float:
         """The deadline, in the loop's time (seconds). O(1)."""
@@ -149,6 +157,7 @@ class TimerHandle(TimerTaskEntry):
         self._list = CANCELLED
         self._callback = None
         self._args = None
+        self._context = None
 
     def cancelled(self) -> bool:  # type: ignore[override]
         """True once :meth:`cancel` was called. O(1).
@@ -158,13 +167,16 @@ class TimerHandle(TimerTaskEntry):
         return self._list is CANCELLED
 
     def _run(self) -> None:
-        """Call the callback (the timer catches what it raises)."""
+        """Call the callback, in its context if it has one (the timer catches what it raises)."""
         assert self._callback is not None and self._args is not None
-        self._callback(*self._args)
+        if self._context is None:
+            self._callback(*self._args)
+        else:
+            self._context.run(self._callback, *self._args)
 
     def _user_callback(self) -> object:
-        """The callback as given (not ``context.run``), or None once cancelled."""
-        return user_callback(self)
+        """The callback, or None once cancelled."""
+        return self._callback
 
     def __repr__(self) -> str:
         return handle_repr(self)
@@ -173,21 +185,13 @@ class TimerHandle(TimerTaskEntry):
 # Written once, as functions: the compiled twin's methods call them.
 
 
-def user_callback(handle: TimerHandle) -> object:
-    """The callback of ``handle`` as given (not ``context.run``), or None once cancelled."""
-    cb = handle._callback
-    if isinstance(getattr(cb, "__self__", None), contextvars.Context) and handle._args:
-        return handle._args[0]
-    return cb
-
-
 def handle_repr(handle: TimerHandle) -> str:
     """``repr`` of a handle, on both paths."""
     if handle._list is CANCELLED:
         state = "cancelled"
     else:
         state = "pending" if handle._list is not None else "idle"
-    cb = user_callback(handle)
+    cb = handle._callback
     name = getattr(cb, "__qualname__", None) or repr(cb)
     return f"<TimerHandle when={handle._when!r} {state} {name}>"
 
@@ -233,9 +237,7 @@ class _AsyncTimerCore(TimerCore):
         delay = _check_delay(delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        if context is not None:
-            return self._schedule(self._time() + delay, context.run, (callback, *args))
-        return self._schedule(self._time() + delay, callback, args)
+        return self._schedule(self._time() + delay, callback, args, context)
 
     def call_at(
         self,
@@ -253,14 +255,16 @@ class _AsyncTimerCore(TimerCore):
         when = _check_when(when)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        if context is not None:
-            return self._schedule(when, context.run, (callback, *args))
-        return self._schedule(when, callback, args)
+        return self._schedule(when, callback, args, context)
 
     def _schedule(
-        self, when: float, callback: Callable[..., object], args: tuple[Any, ...]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        context: contextvars.Context | None = None,
     ) -> TimerHandle:
-        """``call_at`` without the argument checks or a context: ``when`` is a finite float.
+        """``call_at`` without the argument checks: ``when`` is a finite float.
 
         The deadline is rounded up to a whole tick; a handle due for the wheel
         already runs on the next loop iteration. Otherwise it is staged, and
@@ -268,7 +272,7 @@ class _AsyncTimerCore(TimerCore):
         """
         if self._closed:
             raise RuntimeError("AsyncTimer is closed")
-        handle = TimerHandle(when, callback, args)
+        handle = TimerHandle(when, callback, args, context)
         tick = self._wheel.tick_ms
         handle.expiration_ms = -(-_ceil_ms(when) // tick) * tick
         if not self._add_entry(handle):
