@@ -973,10 +973,6 @@ cdef class TimerHandle(TimerTaskEntry):
         """Call the callback, in its context if it has one (the timer catches what it raises)."""
         _run_handle(self)
 
-    def _user_callback(self):
-        """The callback, or None once cancelled."""
-        return self._callback
-
     def __repr__(self):
         from tickwheel.aio import handle_repr
 
@@ -1129,22 +1125,10 @@ cdef class AsyncTimerCore(TimerCore):
             try:
                 _run_handle(handle)
             except (SystemExit, KeyboardInterrupt):
-                # Keep the rest for the next iteration, then let it propagate.
-                rest = handles[i:]
-                if rest:
-                    self._ready[:0] = rest
-                    if not self._ready_scheduled:
-                        self._ready_scheduled = True
-                        self._loop.call_soon(self._on_ready, context=self._context)
+                self._run_next_iteration(handles[i:])
                 raise
             except BaseException as exc:
-                self._loop.call_exception_handler(
-                    {
-                        "message": f"Exception in callback {handle._user_callback()!r}",
-                        "exception": exc,
-                        "handle": handle,
-                    }
-                )
+                self._report_callback_error(handle, exc)
         self._batch = None
         return 0
 

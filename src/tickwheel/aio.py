@@ -174,10 +174,6 @@ class TimerHandle(TimerTaskEntry):
         else:
             self._context.run(self._callback, *self._args)
 
-    def _user_callback(self) -> object:
-        """The callback, or None once cancelled."""
-        return self._callback
-
     def __repr__(self) -> str:
         return handle_repr(self)
 
@@ -342,23 +338,19 @@ class _AsyncTimerCore(TimerCore):
             try:
                 handle._run()
             except (SystemExit, KeyboardInterrupt):
-                # Keep the rest for the next iteration, then let it propagate.
-                rest = handles[i + 1 :]
-                if rest:
-                    self._ready[:0] = rest
-                    if not self._ready_scheduled:
-                        self._ready_scheduled = True
-                        self._loop.call_soon(self._on_ready, context=self._context)
+                self._run_next_iteration(handles[i + 1 :])
                 raise
             except BaseException as exc:
-                self._loop.call_exception_handler(
-                    {
-                        "message": f"Exception in callback {handle._user_callback()!r}",
-                        "exception": exc,
-                        "handle": handle,
-                    }
-                )
+                self._report_callback_error(handle, exc)
         self._batch = None
+
+    # The cold paths the hot half calls, defined by AsyncTimer.
+
+    def _run_next_iteration(self, handles: list[TimerHandle]) -> None:
+        raise NotImplementedError
+
+    def _report_callback_error(self, handle: TimerHandle, exc: BaseException) -> None:
+        raise NotImplementedError
 
 
 if not TYPE_CHECKING and speedups is not None:
@@ -429,6 +421,24 @@ class AsyncTimer(_AsyncTimerCore):
         self._ready_scheduled = False
         self._batch = None  # the callbacks now running
         self._closed = False
+
+    def _run_next_iteration(self, handles: list[TimerHandle]) -> None:
+        """Put ``handles`` first on the next loop iteration (after SystemExit/KeyboardInterrupt)."""
+        if handles:
+            self._ready[:0] = handles
+            if not self._ready_scheduled:
+                self._ready_scheduled = True
+                self._loop.call_soon(self._on_ready, context=self._context)
+
+    def _report_callback_error(self, handle: TimerHandle, exc: BaseException) -> None:
+        """Hand what a callback raised to the loop's exception handler, as asyncio's Handle does."""
+        self._loop.call_exception_handler(
+            {
+                "message": f"Exception in callback {handle._callback!r}",
+                "exception": exc,
+                "handle": handle,
+            }
+        )
 
     # -- coroutines and context managers --------------------------------------
 
