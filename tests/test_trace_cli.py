@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tickwheel._cli import main
+
+RULES = Path(__file__).resolve().parents[1] / "examples" / "orders.toml"
 
 B = 1675752000000
 
@@ -141,3 +144,23 @@ def test_python_dash_m_runs_the_trace() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "fired: task 0 (delay 1000 ms)" in proc.stdout
+
+
+def test_a_missing_spark_extra_is_one_clear_line(tmp_path: Path) -> None:
+    # pyspark made unimportable in the child, as on an install without the extra.
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text('{"order_id": "o1"}\n')
+    code = (
+        "import sys; sys.modules['pyspark'] = None; "
+        "from tickwheel._cli import main; "
+        f"raise SystemExit(main(['pipeline', 'run', '--rules', {str(RULES)!r}, "
+        f"'--input', {str(tmp_path / 'in')!r}, '--output', {str(tmp_path / 'out')!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "tickwheel pipeline: needs the spark extra (no module 'pyspark'): "
+        "pip install 'tickwheel[spark]'"
+    ]

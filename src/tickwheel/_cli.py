@@ -125,11 +125,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The packages of the ``spark`` extra: a command that needs one says so in one line.
+SPARK_EXTRA_MODULES = frozenset({"pyspark", "py4j", "pyarrow", "pandas", "matplotlib"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tickwheel`` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in SPARK_EXTRA_MODULES:
+            raise
+        print(
+            f"tickwheel {args.command}: needs the spark extra (no module {missing!r}): "
+            "pip install 'tickwheel[spark]'",
+            file=sys.stderr,
+        )
+        return 2
     return result
 
 
