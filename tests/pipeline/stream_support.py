@@ -23,7 +23,7 @@ OUTCOME_COLS = [
     "resolve_event_id",
 ]
 UNMATCHED_COLS = ["rule", "key", "event_id", "event_type", "event_time", "reason"]
-REJECTED_COLS = ["event_id", "reason", "raw"]
+REJECTED_COLS = ["event_id", "reason", "raw", "raw_bytes"]
 
 
 def sort_key(row: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -36,6 +36,16 @@ def _duration(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _max_future(text: str) -> int | None:
+    from .events import parse_max_future
+    from .rules import RulesError
+
+    try:
+        return parse_max_future(text)
+    except RulesError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or 'off'") from None
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .generate import generate_orders
 
@@ -91,6 +101,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             partitions=args.partitions,
             output_format=args.format,
             progress=say,
+            max_future_ms=args.max_future,
         )
     finally:
         if existing is None:
@@ -145,6 +156,9 @@ def add_pipeline_parser(subparsers: Any) -> None:
                      help="key-hash partitions (default: Spark's default parallelism)")  # fmt: skip
     run.add_argument("--master", default="local[2]", help="Spark master URL")
     run.add_argument("--format", choices=("parquet", "csv", "json"), default="parquet")
+    run.add_argument("--max-future", type=_max_future, default="1d",
+                     help="reject events stamped more than this after now as far_future "
+                          "('1d' default, '2h', ms, or 'off')")  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
     from .stream import add_stream_arguments, run_stream_command

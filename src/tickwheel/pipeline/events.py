@@ -14,8 +14,18 @@ Rules of validation (the same as :mod:`tickwheel.pipeline.reference`):
 * the time is epoch milliseconds (an integer) or ISO-8601 with an offset
   (``2024-01-01T10:00:00.123+02:00`` or ``...Z``), between 1970 and 9999;
   anything else is ``bad_time``;
+* the far-future guard: a time later than the limit the run was given (by
+  default processing time + one day, :data:`DEFAULT_MAX_FUTURE_MS`) is
+  ``far_future``, so one mistyped record cannot drag the watermark years ahead;
 * the sequence, when configured, is an integer (``bad_sequence`` otherwise);
   a missing sequence is 0.
+
+Values are read as text, as from a CSV file: a time written as a string of
+digits (``"1704067200000"``) is epoch milliseconds, and a key written as a
+JSON array or object is taken as its compact JSON text (``["o1"]``).
+
+Raw text in outputs is valid UTF-8: :func:`raw_text_columns` replaces invalid
+bytes and keeps the exact bytes beside it, in ``raw_bytes``.
 """
 
 from __future__ import annotations
@@ -27,9 +37,20 @@ from .rules import Rules
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["MAX_TIME_MS", "key_column", "parse_records", "read_records"]
+__all__ = [
+    "DEFAULT_MAX_FUTURE_MS",
+    "MAX_TIME_MS",
+    "key_column",
+    "parse_max_future",
+    "parse_records",
+    "raw_text_columns",
+    "read_records",
+]
 
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+#: The far-future guard's default: an event may be stamped at most one day after
+#: the run's processing time (``--max-future 1d``; ``--max-future off`` turns it off).
+DEFAULT_MAX_FUTURE_MS = 86_400_000
 INT_PATTERN = r"^-?[0-9]+$"
 ISO_PATTERN = (
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
@@ -41,6 +62,33 @@ CORRUPT = "_tickwheel_corrupt"
 def key_column(index: int) -> str:
     """Name of the parsed column holding the ``index``-th key field. O(1)."""
     return f"k{index}"
+
+
+def parse_max_future(text: str) -> int | None:
+    """``--max-future``'s value: a duration (``"1d"``, ``"2h"``, ms) or ``"off"`` (None).
+
+    Raises :class:`~tickwheel.pipeline.rules.RulesError` naming the option. O(1).
+    """
+    from .rules import parse_duration
+
+    if text.strip().lower() == "off":
+        return None
+    return parse_duration(text, "--max-future")
+
+
+def raw_text_columns(raw: Column) -> tuple[Column, Column]:
+    """``raw`` as valid UTF-8 text, and ``raw_bytes``: its exact bytes when it is not.
+
+    Spark keeps a text file's bytes as they are, so a line of random bytes is
+    an invalid UTF-8 string, which Spark writes to Parquet and JSON unchanged
+    and which Arrow, pandas and PostgreSQL then refuse to read. The text gets
+    U+FFFD in place of each invalid sequence; ``raw_bytes`` (binary) holds the
+    original bytes, or is null when the text was already valid, so nothing is
+    lost. O(length) per row.
+    """
+    from pyspark.sql import functions as F
+
+    return F.make_valid_utf8(raw), F.when(~F.is_valid_utf8(raw), raw.cast("binary"))
 
 
 def _fields(rules: Rules) -> list[str]:
@@ -108,8 +156,11 @@ def _missing(col: Column) -> Column:
     return col.isNull() | (col == F.lit(""))
 
 
-def parse_records(records: DataFrame, rules: Rules) -> DataFrame:
+def parse_records(records: DataFrame, rules: Rules, max_time_ms: int | None = None) -> DataFrame:
     """Validate ``records`` (from :func:`read_records`) with Spark SQL expressions.
+
+    ``max_time_ms`` is the far-future guard's limit: a later event time is
+    rejected as ``far_future`` (None: no guard).
 
     Output columns: ``raw``, ``reason`` (None for a valid record), ``event_id``,
     ``event_type``, ``time`` (epoch ms), ``seq``, ``k0..kN`` (one per key field of
@@ -155,7 +206,10 @@ def parse_records(records: DataFrame, rules: Rules) -> DataFrame:
         reason = reason.when(
             type_col.isin(types) & _missing(F.col(f"f_{name}")), F.lit(f"missing_field:{name}")
         )
-    reason = reason.when(~time_ok, F.lit("bad_time")).when(seq.isNull(), F.lit("bad_sequence"))
+    reason = reason.when(~time_ok, F.lit("bad_time"))
+    if max_time_ms is not None:
+        reason = reason.when(time_col > F.lit(max_time_ms), F.lit("far_future"))
+    reason = reason.when(seq.isNull(), F.lit("bad_sequence"))
     return records.select(
         "raw",
         reason.alias("reason"),

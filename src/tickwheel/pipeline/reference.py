@@ -7,7 +7,9 @@ just lists, sorting and one loop per (rule, key). It reads JSON Lines.
 The semantics (see ``docs/pipeline.md``):
 
 1. a record that is not a JSON object, misses a field or has a bad time or
-   sequence is rejected with its raw text and a reason;
+   sequence, or a time after the far-future limit, is rejected with its raw
+   text and a reason (``raw_bytes`` is always None here: the reference reads
+   valid UTF-8 text);
 2. records are deduplicated by event id; the kept record is the smallest
    (time, sequence, raw text); copies with the same content are duplicates,
    copies with other content are rejected as ``conflict``;
@@ -102,8 +104,13 @@ def _time_ms(text: str) -> int | None:
     return value if 0 <= value <= MAX_TIME_MS else None
 
 
-def run_reference(lines: Iterable[str], rules: Rules) -> ReferenceResult:
-    """Apply the semantics to raw JSON Lines ``lines``; return every output, sorted."""
+def run_reference(
+    lines: Iterable[str], rules: Rules, max_time_ms: int | None = None
+) -> ReferenceResult:
+    """Apply the semantics to raw JSON Lines ``lines``; return every output, sorted.
+
+    ``max_time_ms`` is the far-future guard's limit (None: no guard).
+    """
     cfg = rules.input
     key_fields = rules.key_fields
     result = ReferenceResult()
@@ -123,7 +130,7 @@ def run_reference(lines: Iterable[str], rules: Rules) -> ReferenceResult:
         except ValueError:
             obj = None
         if not isinstance(obj, dict):
-            result.rejected.append((None, "malformed", raw))
+            result.rejected.append((None, "malformed", raw, None))
             continue
         event_id = _text(obj.get(cfg.id))
         event_type = _text(obj.get(cfg.type))
@@ -153,6 +160,8 @@ def run_reference(lines: Iterable[str], rules: Rules) -> ReferenceResult:
             time = _time_ms(time_text)
             if time is None:
                 reason = "bad_time"
+            elif max_time_ms is not None and time > max_time_ms:
+                reason = "far_future"
         if reason is None and cfg.sequence is not None:
             seq_text = _text(obj.get(cfg.sequence))
             if seq_text:
@@ -161,7 +170,7 @@ def run_reference(lines: Iterable[str], rules: Rules) -> ReferenceResult:
                 else:
                     reason = "bad_sequence"
         if reason is not None:
-            result.rejected.append((event_id or None, reason, raw))
+            result.rejected.append((event_id or None, reason, raw, None))
             continue
         assert event_id is not None and event_type is not None and time is not None
         valid.append((event_id, event_type, time, seq, raw, keys))
@@ -181,7 +190,7 @@ def run_reference(lines: Iterable[str], rules: Rules) -> ReferenceResult:
                 counts["duplicates"] += 1
             else:
                 counts["conflicts"] += 1
-                result.rejected.append((event_id, "conflict", other[4]))
+                result.rejected.append((event_id, "conflict", other[4], None))
     counts["events"] = len(kept)
     if kept:
         result.watermark = max(r[2] for r in kept) - cfg.allowed_lateness_ms

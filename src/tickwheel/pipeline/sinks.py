@@ -305,6 +305,8 @@ def _sql_type(dtype: Any, dialect: str) -> str:
         return "TIMESTAMPTZ" if dialect == "postgresql" else "TEXT"
     if isinstance(dtype, T.StringType):
         return "TEXT"
+    if isinstance(dtype, T.BinaryType):
+        return "BYTEA" if dialect == "postgresql" else "BLOB"
     if isinstance(dtype, T.DecimalType):
         return f"NUMERIC({dtype.precision},{dtype.scale})"
     raise SinkError(f"the JDBC sinks cannot store a column of type {dtype.simpleString()}")

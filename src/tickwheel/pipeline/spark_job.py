@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .events import key_column, parse_records, read_records
+from .events import DEFAULT_MAX_FUTURE_MS, key_column, parse_records, raw_text_columns, read_records
 from .rules import KIND_CANCEL, KIND_COMPLETE, KIND_OPEN, Rules
 
 if TYPE_CHECKING:
@@ -56,16 +56,18 @@ OUTCOME_COLUMNS = (
     "resolve_event_id",
 )  # fmt: skip
 UNMATCHED_COLUMNS = ("rule", "key", "event_id", "event_type", "event_time", "reason")
-REJECTED_COLUMNS = ("event_id", "reason", "raw")
+REJECTED_COLUMNS = ("event_id", "reason", "raw", "raw_bytes")
 BUFFERED_COLUMNS = ("rule", "key", "event_id", "event_type", "event_time", "seq")
 
 # The rows mapInArrow yields: one union schema, ``k`` says which output a row is for.
 #   k="o" outcome:   id=op_id, t0=opened_at, t1=deadline, s=outcome, t2=resolved_at, ref=resolve id
 #   k="u" unmatched: id=event_id, t0=event_time, s=reason, ref=event_type
 #   k="b" buffered:  id=event_id, t0=event_time, t1=seq, ref=event_type
+#   k="r" rejected:  id=event_id, s=reason, ref=raw (valid UTF-8), raw_bytes=its exact bytes
 #   k="s" stats:     s=JSON of the partition's counters and timings
 UNION_DDL = (
-    "k string, rule int, key string, id string, t0 long, t1 long, s string, t2 long, ref string"
+    "k string, rule int, key string, id string, t0 long, t1 long, s string, t2 long, ref string,"
+    " raw_bytes binary"
 )
 OUTPUTS = ("outcomes", "unmatched", "rejected", "buffered")
 
@@ -175,6 +177,15 @@ def resolve_inputs(path: str, fmt: str) -> list[str]:
     return files
 
 
+def _iso_ms(ms: int | None) -> str:
+    """Epoch milliseconds as ISO-8601 UTC, for messages. O(1)."""
+    import datetime as dt
+
+    if ms is None:
+        return "never"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+
+
 def _watch_stages(
     spark: SparkSession, say: Progress, started: float, stop: threading.Event, every_s: float = 5.0
 ) -> None:
@@ -259,7 +270,8 @@ def _process_partition(
                     if rej.num_rows:
                         yield _batch(pa, schema, "r", pa.nulls(rej.num_rows, pa.int32()), None,
                                      rej.column("event_id"), None, None, rej.column("reason"),
-                                     None, rej.column("raw"))  # fmt: skip
+                                     None, rej.column("raw"),
+                                     raw_bytes=rej.column("raw_bytes"))  # fmt: skip
                 if not ev.num_rows:
                     continue
                 kept += pc.sum(pc.equal(ev.column("p"), 0)).as_py() or 0
@@ -331,15 +343,17 @@ def _union_schema(pa: Any) -> Any:
             ("s", pa.string()),
             ("t2", pa.int64()),
             ("ref", pa.string()),
+            ("raw_bytes", pa.binary()),
         ]
     )
 
 
 def _batch(pa: Any, schema: Any, k: str, rule: Any, key: Any, id_: Any, t0: Any, t1: Any,
-           s: Any, t2: Any, ref: Any) -> Any:  # fmt: skip
+           s: Any, t2: Any, ref: Any, raw_bytes: Any = None) -> Any:  # fmt: skip
     n = len(rule)
     arrays = []
-    for value, field in zip((rule, key, id_, t0, t1, s, t2, ref), list(schema)[1:], strict=True):
+    values = (rule, key, id_, t0, t1, s, t2, ref, raw_bytes)
+    for value, field in zip(values, list(schema)[1:], strict=True):
         if value is None:
             arrays.append(pa.nulls(n, field.type))
         elif isinstance(value, pa.Array):  # an input column passed through: no Python loop
@@ -393,10 +407,12 @@ def _classify(parsed: DataFrame, rules: Rules) -> DataFrame:
         .when(F.col("kept") == content, F.lit(C_DUPLICATE))
         .otherwise(F.lit(C_CONFLICT))
     )
+    text, exact = raw_text_columns(F.col("raw"))
     return ranked.select(
         cls.cast("int").alias("c"),
         F.when(cls == C_CONFLICT, F.lit("conflict")).otherwise(F.col("reason")).alias("reason"),
-        F.when(cls >= C_CONFLICT, F.col("raw")).alias("raw"),
+        F.when(cls >= C_CONFLICT, text).alias("raw"),
+        F.when(cls >= C_CONFLICT, exact).alias("raw_bytes"),
         "event_id",
         "event_type",
         "time",
@@ -475,19 +491,37 @@ def _rows_for_processor(classified: DataFrame, rules: Rules) -> DataFrame:
         F.col("_p").cast("int").alias("p"),
         "reason",
         "raw",
+        "raw_bytes",
     )
 
 
 def _write(frame: DataFrame, path: str, fmt: str) -> None:
+    """Write one output; CSV cannot hold binary, so its binary columns become base64."""
     writer = frame.write.mode("overwrite")
     if fmt == "parquet":
         writer.parquet(path)
     elif fmt == "csv":
+        writer = text_columns(frame).write.mode("overwrite")
         writer.option("header", True).csv(path)
     elif fmt == "json":
         writer.json(path)
     else:
         raise ValueError(f"output format must be parquet, csv or json, got {fmt!r}")
+
+
+def text_columns(frame: DataFrame) -> DataFrame:
+    """``frame`` with each binary column as base64 text (Spark's JSON writer's encoding). O(1)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    return frame.select(
+        *[
+            F.base64(F.col(f.name)).alias(f.name)
+            if isinstance(f.dataType, T.BinaryType)
+            else F.col(f.name)
+            for f in frame.schema.fields
+        ]
+    )
 
 
 def _finalise(results: DataFrame, rules: Rules, watermark: int | None) -> dict[str, DataFrame]:
@@ -543,7 +577,7 @@ def _finalise(results: DataFrame, rules: Rules, watermark: int | None) -> dict[s
         t1.alias("seq"),
     )
     rejected = results.filter(k == "r").select(
-        F.col("id").alias("event_id"), s.alias("reason"), F.col("ref").alias("raw")
+        F.col("id").alias("event_id"), s.alias("reason"), F.col("ref").alias("raw"), "raw_bytes"
     )
     return {
         "outcomes": outcomes,
@@ -561,12 +595,16 @@ def run_job(
     partitions: int | None = None,
     output_format: str = "parquet",
     progress: Progress | None = None,
+    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS,
+    now_ms: int | None = None,
 ) -> dict[str, Any]:
     """Run the batch pipeline; write the outputs and ``summary.json``; return the summary.
 
     ``partitions`` is the number of key-hash partitions (default: Spark's default
     parallelism). ``progress`` receives one line per phase with counts and the
-    elapsed time.
+    elapsed time. ``max_future_ms`` is the far-future guard: a record stamped
+    later than ``now_ms`` (default: the clock at the start) plus it is rejected
+    as ``far_future`` instead of moving the watermark; None turns it off.
 
     Cost: one Spark job reads, parses, deduplicates (one shuffle by event id),
     repartitions by key (a second shuffle) and runs the purgatory, keeping its
@@ -584,6 +622,11 @@ def run_job(
         partitions = spark.sparkContext.defaultParallelism
     if type(partitions) is not int or partitions < 1:
         raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
+    if max_future_ms is not None and (type(max_future_ms) is not int or max_future_ms < 0):
+        raise ValueError(f"max_future_ms must be an int >= 0 or None, got {max_future_ms!r}")
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    future_limit = None if max_future_ms is None else now_ms + max_future_ms
     say: Progress = progress if progress is not None else (lambda _msg: None)
     started = time.perf_counter()
     phases: dict[str, float] = {}
@@ -613,7 +656,7 @@ def run_job(
         watcher.start()
     say(f"[    0.0s] reading {len(files)} {rules.input.format} file(s) from {input_path}")
     try:
-        parsed = parse_records(read_records(spark, files, rules), rules)
+        parsed = parse_records(read_records(spark, files, rules), rules, future_limit)
         rows = _rows_for_processor(_classify(parsed, rules), rules)
         results = (
             rows.repartition(partitions, "rule", "key")
@@ -723,6 +766,7 @@ def run_job(
             rejected_by_reason[row["r"]] = n
     n_rejected = sum(rejected_by_reason.values())
     conflicts = rejected_by_reason.get("conflict", 0)
+    far_future = rejected_by_reason.get("far_future", 0)
     events = sum(s["kept"] for s in stats_rows) + ignored
     records = events + duplicates + n_rejected
     phase(
@@ -731,6 +775,11 @@ def run_job(
         + ", ".join(f"{k} {v:,}" for k, v in sorted(outcome_counts.items()))
         + f"), unmatched/ ({sum(unmatched_counts.values()):,}) and buffered/ ({n_buffered:,})",
     )
+    if far_future:
+        say(
+            f"[{time.perf_counter() - started:7.1f}s] rejected {far_future:,} far_future "
+            f"record(s): event time after {_iso_ms(future_limit)} (--max-future; 'off' to accept)"
+        )
     job_s = time.perf_counter() - started
     summary: dict[str, Any] = {
         "input": input_path,
@@ -740,6 +789,8 @@ def run_job(
         "rules": [{"name": r.name, "key": r.key, "timeout_ms": r.timeout_ms} for r in rules.rules],
         "partitions": partitions,
         "allowed_lateness_ms": lateness,
+        "max_future_ms": max_future_ms,
+        "far_future_after_ms": future_limit,
         "max_event_time": max_time,
         "watermark": watermark,
         "counts": {

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .core import STATE_EXPIRED, STATE_PENDING
+from .events import DEFAULT_MAX_FUTURE_MS
 from .rules import Rules
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class StreamConfig:
     input_format: str | None = None  # default: the rules' [input].format
     partitions: int | None = None
     max_files_per_trigger: int | None = None
-    max_future_ms: int | None = None
+    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
     master: str | None = None
     quiet: bool = False
 
@@ -669,12 +670,17 @@ class StreamJob:
             f"rules {self.rules.names}, input {self.config.input} "
             f"({self.input_format}), sink {self.sink.describe()}, checkpoint {self.checkpoint}",
         )
-        reader = spark.readStream.format("binaryFile").schema(
-            "path string, modificationTime timestamp, length long, content binary"
+        from ._file_source import SOURCE_NAME, OrderedFileSource
+
+        # Spark's own file source orders files by modification time only; this
+        # one by (modification time, name), logged in the checkpoint.
+        spark.dataSource.register(OrderedFileSource)
+        reader = spark.readStream.format(SOURCE_NAME).option(
+            "log", os.path.join(self.root, "files.log")
         )
         if self.config.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", str(self.config.max_files_per_trigger))
-        source = reader.load(os.path.abspath(self.config.input)).select("path", "length")
+        source = reader.load(os.path.abspath(self.config.input))
         writer = source.writeStream.foreachBatch(self._on_batch).option(
             "checkpointLocation", os.path.join(self.checkpoint, "spark")
         )
@@ -727,7 +733,7 @@ class StreamJob:
             )
         _fault("batch_start", batch_id)
         self._marks = [("start", time.perf_counter())]
-        listed = sorted(r["path"] for r in files_df.collect())
+        listed = [r["path"] for r in files_df.collect()]  # in the source's order
         self._mark("list")
         plan = self.store.plan(
             batch_id,
@@ -880,14 +886,15 @@ class StreamJob:
             out = out.unionByName(more)
         return records, out
 
-    def _validate(self, records: DataFrame) -> tuple[DataFrame, DataFrame]:
+    def _validate(self, records: DataFrame, max_time_ms: int | None) -> tuple[DataFrame, DataFrame]:
         """Records → (events, rejected) with the batch pipeline's own validation."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         from .events import key_column, parse_records
 
-        parsed = parse_records(records, self.rules).persist(StorageLevel.MEMORY_AND_DISK)
+        parsed = parse_records(records, self.rules, max_time_ms)
+        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(parsed)
         rejected = parsed.where(F.col("reason").isNotNull()).select("event_id", "reason", "raw")
         events = parsed.where(F.col("reason").isNull()).select(
@@ -939,29 +946,26 @@ class StreamJob:
         w_prev: int | None = meta_prev.get("watermark")
         max_prev: int | None = meta_prev.get("max_time")
         files = [p[len("file:") :] if p.startswith("file:") else p for p in plan["files"]]
+        # A file listed, then removed before this batch read it: one rejected row.
+        gone = [p for p in files if not os.path.exists(p)]
+        files = [p for p in files if p not in gone]
         hb_files = [p for p in files if p.endswith(_HEARTBEAT_SUFFIX)]
         data_files = [p for p in files if not p.endswith(_HEARTBEAT_SUFFIX)]
-        hb_times, hb_bad = self._heartbeats(spark, hb_files)
+        hb_times, file_rejects = self._heartbeats(spark, hb_files)
+        file_rejects.extend((None, "missing_file: removed before it was read", p) for p in gone)
 
         records, rejected_read = self._read(spark, data_files)
-        events, rejected_bad = self._validate(records)
+        future_limit = (
+            None
+            if self.config.max_future_ms is None
+            else int(plan["now_ms"]) + self.config.max_future_ms
+        )
+        events, rejected_bad = self._validate(records, future_limit)
         rejected_parts = [rejected_read, rejected_bad]
-        if hb_bad:
+        if file_rejects:
             rejected_parts.append(
-                spark.createDataFrame(hb_bad, "event_id string, reason string, raw string")
+                spark.createDataFrame(file_rejects, "event_id string, reason string, raw string")
             )
-        if self.config.max_future_ms is not None:
-            limit = int(plan["now_ms"]) + self.config.max_future_ms
-            rejected_parts.append(
-                events.where(F.col("time") > limit).select(
-                    "event_id",
-                    F.lit(f"far_future: event time after now + --max-future ({limit})").alias(
-                        "reason"
-                    ),
-                    "raw",
-                )
-            )
-            events = events.where(F.col("time") <= limit)
         if w_prev is not None:
             late = events.where(F.col("time") < w_prev).select(
                 "event_id",
@@ -1104,7 +1108,12 @@ class StreamJob:
         rejected = rejected_parts[0]
         for more in rejected_parts[1:]:
             rejected = rejected.unionByName(more)
-        tables = {"outcomes": outcomes, "unmatched": unmatched, "rejected": rejected, "late": late}
+        tables = {
+            "outcomes": outcomes,
+            "unmatched": unmatched,
+            "rejected": _valid_raw(rejected),
+            "late": _valid_raw(late),
+        }
         try:
             counts: dict[str, Any] = {
                 "events": int(stats_row["events"] or 0),
@@ -1156,6 +1165,24 @@ class StreamJob:
             self._persisted.clear()
         counts["watermark"] = w_new
         return counts
+
+
+def _valid_raw(frame: DataFrame) -> DataFrame:
+    """``frame`` with ``raw`` made valid UTF-8 and ``raw_bytes`` beside it (see events)."""
+    from pyspark.sql import functions as F
+
+    from .events import raw_text_columns
+
+    text, exact = raw_text_columns(F.col("raw"))
+    return frame.select(
+        *[
+            col
+            for name in frame.columns
+            for col in (
+                (text.alias("raw"), exact.alias("raw_bytes")) if name == "raw" else (F.col(name),)
+            )
+        ]
+    )
 
 
 def _first_line(path: str) -> str | None:
@@ -1238,7 +1265,9 @@ def add_stream_arguments(parser: Any) -> None:
     )
     parser.add_argument(
         "--max-future",
-        help="reject events more than this far after processing time ('1d', '2h', ms)",
+        default="1d",
+        help="reject events stamped more than this after processing time as far_future "
+        "('1d' default, '2h', ms, or 'off')",
     )
     parser.add_argument("--master", help="Spark master URL (default local[2])")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -1246,13 +1275,12 @@ def add_stream_arguments(parser: Any) -> None:
 
 def run_stream_command(args: Any) -> int:
     """Run ``tickwheel pipeline stream`` from parsed arguments; return the exit code."""
-    from .rules import RulesError, parse_duration
+    from .events import parse_max_future
+    from .rules import RulesError
     from .sinks import SinkError
 
     try:
-        max_future = (
-            None if args.max_future is None else parse_duration(args.max_future, "--max-future")
-        )
+        max_future = parse_max_future(args.max_future)
         if args.partitions is not None and args.partitions < 1:
             raise StreamError("--partitions must be >= 1")
         config = StreamConfig(
