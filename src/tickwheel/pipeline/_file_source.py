@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,16 +106,16 @@ class FileLog:
 
 
 @dataclass(frozen=True)
-class FilesPartition(InputPartition):  # type: ignore[misc]
+class FilesPartition(InputPartition):
     """The files of one micro-batch, in order."""
 
     paths: tuple[str, ...]
 
 
-class OrderedFileReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class OrderedFileReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets over :class:`FileLog`; see the module doc."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.directory = options["path"]
         self.log = FileLog(options["log"])
         self.max_files = int(options.get("maxFilesPerTrigger") or 0)
@@ -135,7 +135,7 @@ class OrderedFileReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         taken = int(start["taken"])
         end = self._end
         if end is None:
-            if isinstance(limit, ReadAllAvailable) or len(self.log) - taken < limit.max_files:
+            if not isinstance(limit, ReadMaxFiles) or len(self.log) - taken < limit.max_files:
                 self.log.take_new(self.directory)
             end = len(self.log)
         if isinstance(limit, ReadMaxFiles):
@@ -147,6 +147,7 @@ class OrderedFileReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         return [FilesPartition(paths)] if paths else []
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, FilesPartition)
         for path in partition.paths:
             try:
                 length: int | None = os.path.getsize(path)
@@ -155,7 +156,7 @@ class OrderedFileReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             yield (path, length)
 
 
-class OrderedFileSource(DataSource):  # type: ignore[misc]
+class OrderedFileSource(DataSource):
     """``spark.readStream.format("tickwheel_files")``: options ``path``, ``log``,
     ``maxFilesPerTrigger``."""
 
