@@ -18,6 +18,26 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+@pytest.fixture(scope="session", autouse=True)
+def outputs_load_in_pandas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """At the end of the run, load every output any pipeline test wrote into pandas.
+
+    Through pyarrow for Parquet, and with pandas' own readers for CSV, JSON and
+    SQLite: a table those tools cannot load fails the run here, naming it.
+    """
+    yield
+    if "pyspark" not in sys.modules:  # no Spark test ran
+        return
+    from output_readers import find_outputs, load_everywhere
+
+    outputs = find_outputs(tmp_path_factory.getbasetemp())
+    for output, fmt in outputs:
+        try:
+            load_everywhere(output, fmt)
+        except Exception as exc:  # name the table, keep the cause
+            raise AssertionError(f"{output} ({fmt}) does not load into pandas: {exc}") from exc
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """The one SparkSession of the test run (local[2])."""

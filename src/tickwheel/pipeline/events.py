@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_FUTURE_MS",
     "MAX_TIME_MS",
+    "MISSING_FILE",
     "key_column",
     "parse_max_future",
     "parse_records",
@@ -51,6 +52,8 @@ MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 #: The far-future guard's default: an event may be stamped at most one day after
 #: the run's processing time (``--max-future 1d``; ``--max-future off`` turns it off).
 DEFAULT_MAX_FUTURE_MS = 86_400_000
+#: The reject reason of a file that was listed, then removed before it was read.
+MISSING_FILE = "missing_file: removed before it was read"
 INT_PATTERN = r"^-?[0-9]+$"
 ISO_PATTERN = (
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
@@ -115,6 +118,14 @@ def read_records(spark: SparkSession, paths: list[str], rules: Rules) -> DataFra
 
     fmt = rules.input.format
     fields = _fields(rules)
+    if not paths:  # every listed file was removed before the read
+        return spark.createDataFrame(
+            [],
+            T.StructType(
+                [T.StructField("raw", T.StringType()), T.StructField("malformed", T.BooleanType())]
+                + [T.StructField(f"f_{name}", T.StringType()) for name in fields]
+            ),
+        )
     if fmt == "json":
         schema = T.StructType(
             [T.StructField(name, T.StringType()) for name in fields]

@@ -32,7 +32,14 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .events import DEFAULT_MAX_FUTURE_MS, key_column, parse_records, raw_text_columns, read_records
+from .events import (
+    DEFAULT_MAX_FUTURE_MS,
+    MISSING_FILE,
+    key_column,
+    parse_records,
+    raw_text_columns,
+    read_records,
+)
 from .rules import KIND_CANCEL, KIND_COMPLETE, KIND_OPEN, Rules
 
 if TYPE_CHECKING:
@@ -373,6 +380,23 @@ def _outcome_batch(pa: Any, schema: Any, rows: list[Any], pending: bool) -> Any:
     return _batch(pa, schema, "o", rule, key, op_id, opened, deadline, outcome, at, ref)
 
 
+def _missing_file_rows(spark: SparkSession, parsed: DataFrame, paths: list[str]) -> DataFrame:
+    """Rows shaped like ``parsed`` rejecting each of ``paths`` (raw = the file's name)."""
+    from pyspark.sql import functions as F
+
+    given = spark.createDataFrame(
+        [(os.path.basename(p), MISSING_FILE) for p in paths], "raw string, reason string"
+    )
+    return given.select(
+        *[
+            F.col(f.name)
+            if f.name in ("raw", "reason")
+            else F.lit(None).cast(f.dataType).alias(f.name)
+            for f in parsed.schema.fields
+        ]
+    )
+
+
 def _rule_name(rules: Rules) -> Any:
     from pyspark.sql import functions as F
 
@@ -656,7 +680,12 @@ def run_job(
         watcher.start()
     say(f"[    0.0s] reading {len(files)} {rules.input.format} file(s) from {input_path}")
     try:
-        parsed = parse_records(read_records(spark, files, rules), rules, future_limit)
+        # A file listed, then removed before it was read: one rejected row.
+        present = [f for f in files if os.path.exists(f)]
+        parsed = parse_records(read_records(spark, present, rules), rules, future_limit)
+        if len(present) < len(files):
+            gone = [f for f in files if f not in set(present)]
+            parsed = parsed.unionByName(_missing_file_rows(spark, parsed, gone))
         rows = _rows_for_processor(_classify(parsed, rules), rules)
         results = (
             rows.repartition(partitions, "rule", "key")

@@ -2,14 +2,15 @@
 
 ``tickwheel pipeline stream --rules R --input DIR --output OUT --checkpoint CK``
 
-A Spark Structured Streaming *file source* (``binaryFile``, listing only: Spark
-checkpoints which files each micro-batch took, in ``CK/spark/``) feeds
-``foreachBatch``. Each micro-batch ``N``:
+A Spark Structured Streaming source that lists new files in (modification
+time, name) order (:mod:`._file_source`; Spark checkpoints which files each
+micro-batch took, in ``CK/spark/``) feeds ``foreachBatch``. Each micro-batch
+``N``:
 
 1. reads its new files with the batch pipeline's reader (bad lines and bad
-   files become ``rejected`` rows), drops events older than the previous
-   watermark into ``late`` and events too far in the future (``--max-future``)
-   into ``rejected``;
+   files become ``rejected`` rows, with events stamped too far in the future:
+   ``--max-future``), drops events older than the previous watermark into
+   ``late``, and warns when most of them are late or the watermark jumps;
 2. deduplicates by event id against the carried *events* state (every kept event
    at or above the previous watermark: the events still buffered, and the ids a
    duplicate could still arrive for within the lateness);
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .core import STATE_EXPIRED, STATE_PENDING
-from .events import DEFAULT_MAX_FUTURE_MS
+from .events import DEFAULT_MAX_FUTURE_MS, MISSING_FILE
 from .rules import Rules
 
 if TYPE_CHECKING:
@@ -608,6 +609,7 @@ class StreamJob:
         self.sink: BatchSink | None = None
         self.batches_run = 0
         self.totals: dict[str, int] = {}
+        self.warnings: list[str] = []
         self._persisted: list[DataFrame] = []
         self._marks: list[tuple[str, float]] = []
 
@@ -705,6 +707,7 @@ class StreamJob:
             "seconds": round(elapsed, 3),
             "sink": self.sink.describe(),
             **self.totals,
+            "warnings": self.warnings,
         }
         if last:
             summary["watermark"] = _read_json(os.path.join(self.store.path(last[-1]), "meta.json"))[
@@ -740,6 +743,11 @@ class StreamJob:
             lambda: {"batch_id": batch_id, "files": listed, "now_ms": int(time.time() * 1000)},
         )
         counts = self._run_batch(batch_id, plan)
+        warnings = counts.pop("warnings")
+        for message in warnings:  # on stderr even with --quiet
+            print(f"tickwheel pipeline stream: batch {batch_id}: warning: {message}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        self.warnings.extend(f"batch {batch_id}: {message}" for message in warnings)
         for name, value in counts.items():
             if isinstance(value, int) and not isinstance(value, bool):
                 self.totals[name] = self.totals.get(name, 0) + value
@@ -748,7 +756,8 @@ class StreamJob:
             self.config,
             f"batch {batch_id}: {len(plan['files'])} file(s), "
             + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-            + f" in {time.perf_counter() - started:.1f}s ({self._phases()})",
+            + f" in {time.perf_counter() - started:.1f}s ({self._phases()})"
+            + "".join(f"; WARNING: {message}" for message in warnings),
         )
 
     # -- reading ------------------------------------------------------------
@@ -886,8 +895,13 @@ class StreamJob:
             out = out.unionByName(more)
         return records, out
 
-    def _validate(self, records: DataFrame, max_time_ms: int | None) -> tuple[DataFrame, DataFrame]:
-        """Records → (events, rejected) with the batch pipeline's own validation."""
+    def _validate(
+        self, records: DataFrame, max_time_ms: int | None
+    ) -> tuple[DataFrame, DataFrame, DataFrame]:
+        """Records → (parsed, events, rejected) with the batch pipeline's own validation.
+
+        ``parsed`` (every record, with its reason) is persisted for the batch.
+        """
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -905,7 +919,7 @@ class StreamJob:
             "raw",
             *[F.col(key_column(i)).alias(f"k_{k}") for i, k in enumerate(self.rules.key_fields)],
         )
-        return events, rejected
+        return parsed, events, rejected
 
     # -- one micro-batch ------------------------------------------------------
     def _heartbeats(self, spark: SparkSession, paths: Sequence[str]) -> tuple[list[int], list[Any]]:
@@ -952,7 +966,7 @@ class StreamJob:
         hb_files = [p for p in files if p.endswith(_HEARTBEAT_SUFFIX)]
         data_files = [p for p in files if not p.endswith(_HEARTBEAT_SUFFIX)]
         hb_times, file_rejects = self._heartbeats(spark, hb_files)
-        file_rejects.extend((None, "missing_file: removed before it was read", p) for p in gone)
+        file_rejects.extend((None, MISSING_FILE, os.path.basename(p)) for p in gone)
 
         records, rejected_read = self._read(spark, data_files)
         future_limit = (
@@ -960,12 +974,23 @@ class StreamJob:
             if self.config.max_future_ms is None
             else int(plan["now_ms"]) + self.config.max_future_ms
         )
-        events, rejected_bad = self._validate(records, future_limit)
+        parsed, events, rejected_bad = self._validate(records, future_limit)
         rejected_parts = [rejected_read, rejected_bad]
         if file_rejects:
             rejected_parts.append(
                 spark.createDataFrame(file_rejects, "event_id string, reason string, raw string")
             )
+        # The first action on the parsed (cached) batch: what the warnings and
+        # the progress line count.
+        valid, reason = F.col("reason").isNull(), F.col("reason")
+        is_late = F.lit(False) if w_prev is None else valid & (F.col("time") < w_prev)
+        seen = parsed.agg(
+            F.sum(F.when(valid, 1).otherwise(0)).alias("valid"),
+            F.sum(F.when(is_late, 1).otherwise(0)).alias("late"),
+            F.sum(F.when(reason == "far_future", 1).otherwise(0)).alias("far_future"),
+        ).collect()[0]
+        arrived, n_late = int(seen["valid"] or 0), int(seen["late"] or 0)
+        n_far_future = int(seen["far_future"] or 0)
         if w_prev is not None:
             late = events.where(F.col("time") < w_prev).select(
                 "event_id",
@@ -1119,7 +1144,16 @@ class StreamJob:
                 "events": int(stats_row["events"] or 0),
                 "duplicates": int(stats_row["duplicates"] or 0),
                 "conflicts": int(stats_row["conflicts"] or 0),
+                "late": n_late,
+                "far_future": n_far_future,
             }
+            warnings = abnormal_batch_warnings(
+                arrived=arrived,
+                late=n_late,
+                previous_max_time=max_prev,
+                watermark=w_new,
+                longest_timeout_ms=max(r.timeout_ms for r in self.rules.rules),
+            )
             staged = self.store.staged(batch_id)
             shutil.rmtree(staged, ignore_errors=True)
             os.makedirs(staged)
@@ -1147,6 +1181,7 @@ class StreamJob:
                     "max_time": max_time,
                     "files": plan["files"],
                     "counts": counts,
+                    "warnings": warnings,
                 },
             )
             self._mark("state")
@@ -1164,7 +1199,49 @@ class StreamJob:
                 df.unpersist()
             self._persisted.clear()
         counts["watermark"] = w_new
+        counts["warnings"] = warnings
         return counts
+
+
+def abnormal_batch_warnings(
+    *,
+    arrived: int,
+    late: int,
+    previous_max_time: int | None,
+    watermark: int | None,
+    longest_timeout_ms: int,
+) -> list[str]:
+    """What looks wrong about one micro-batch, as messages for the user. O(1).
+
+    * most of the batch's valid events (``late`` of ``arrived``) were older
+      than the previous watermark: files arrived out of order, or an earlier
+      record moved the watermark too far;
+    * the watermark moved past the previous batch's largest event time by more
+      than the longest rule timeout: every operation pending then has expired
+      at once, which one record with a wrong time can cause.
+    """
+    warnings = []
+    if arrived and late * 2 > arrived:
+        warnings.append(
+            f"{late:,} of this batch's {arrived:,} events were older than the watermark "
+            "and went to late/"
+        )
+    if previous_max_time is not None and watermark is not None:
+        jump = watermark - previous_max_time
+        if jump > longest_timeout_ms:
+            warnings.append(
+                f"the watermark moved {_duration_text(jump)} past the previous batch's largest "
+                f"event time, more than the longest rule timeout "
+                f"({_duration_text(longest_timeout_ms)}): every operation pending then expired"
+            )
+    return warnings
+
+
+def _duration_text(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:,.1f}{unit}"
+    return f"{ms}ms"
 
 
 def _valid_raw(frame: DataFrame) -> DataFrame:
