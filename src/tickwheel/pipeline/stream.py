@@ -41,20 +41,28 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
-import shutil
-import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._checkpoint import (
+    FAULT_ENV,
+    FAULT_POINTS,
+    CheckpointInUse,
+    CheckpointLock,
+    StateStore,
+    StreamError,
+    fault,
+    read_json,
+)
+from ._micro_batch import PROC_OUT_COLUMNS, MicroBatch
+from ._stream_read import BatchReader
 from .core import STATE_EXPIRED, STATE_PENDING
-from .events import DEFAULT_MAX_FUTURE_MS, MISSING_FILE
+from .events import DEFAULT_MAX_FUTURE_MS
 from .rules import Rules
 
 if TYPE_CHECKING:
@@ -74,35 +82,7 @@ __all__ = [
     "read_stream_outputs",
 ]
 
-FAULT_ENV = "TICKWHEEL_FAULT"
-#: Where ``TICKWHEEL_FAULT=POINT:BATCH`` can kill the driver, in batch order.
-FAULT_POINTS = (
-    "batch_start",  # before anything of the batch is written
-    "mid_batch",  # after some outputs were staged, before the others
-    "after_outputs",  # all outputs staged, next state maybe half-written
-    "after_state",  # outputs and next state staged, nothing committed
-    "after_sink_commit",  # sink committed, checkpoint state not
-    "after_commit",  # state committed, Spark's own commit log not yet
-)
-
-_HEARTBEAT_SUFFIX = ".heartbeat"
 _TABLES = ("outcomes", "unmatched", "rejected", "late")
-
-
-class StreamError(RuntimeError):
-    """The stream cannot run (bad options, inconsistent checkpoint)."""
-
-
-class CheckpointInUse(StreamError):
-    """Another job holds the checkpoint's lock."""
-
-
-def _fault(point: str, batch_id: int) -> None:
-    spec = os.environ.get(FAULT_ENV)
-    if spec and spec == f"{point}:{batch_id}":
-        sys.stderr.write(f"tickwheel: fault injection: SIGKILL at {point} of batch {batch_id}\n")
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def parse_trigger(text: str) -> tuple[str, int | None]:
@@ -138,166 +118,7 @@ class StreamConfig:
     quiet: bool = False
 
 
-# ----------------------------------------------------------------------------- lock
-
-
-class _CheckpointLock:
-    """An exclusive ``flock`` on ``CK/tickwheel/LOCK``; the kernel drops it if we die."""
-
-    def __init__(self, root: str) -> None:
-        self.path = os.path.join(root, "LOCK")
-        self.owner = os.path.join(root, "owner.json")
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            who = "another job"
-            with contextlib.suppress(OSError, ValueError), open(self.owner, encoding="utf-8") as fh:
-                info = json.load(fh)
-                who = f"job pid {info.get('pid')} on {info.get('host')} since {info.get('since')}"
-            raise CheckpointInUse(
-                f"checkpoint {os.path.dirname(os.path.dirname(self.path))} is in use by {who}; "
-                "two jobs on one checkpoint would corrupt it. Stop the other job or use "
-                "another --checkpoint."
-            ) from None
-        self._fd = fd
-
-    def write_owner(self, jvm_pid: int | None) -> None:
-        previous = None
-        with contextlib.suppress(OSError, ValueError), open(self.owner, encoding="utf-8") as fh:
-            previous = json.load(fh)
-        info = {
-            "pid": os.getpid(),
-            "jvm_pid": jvm_pid,
-            "host": socket.gethostname(),
-            "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        }
-        _write_json(self.owner, info)
-        # A previous driver killed with SIGKILL leaves its JVM to notice that its
-        # parent is gone; wait for it, so two JVMs never write the checkpoint.
-        if previous and previous.get("host") == info["host"]:
-            old = previous.get("jvm_pid")
-            if isinstance(old, int) and old != jvm_pid:
-                _wait_gone(old, 60.0)
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"java" not in fh.read():
-                    return
-        except OSError:
-            return
-        time.sleep(0.1)
-
-
-def _write_json(path: str, payload: Mapping[str, Any]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(payload, fh, sort_keys=True, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as fh:
-        data: dict[str, Any] = json.load(fh)
-        return data
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# ----------------------------------------------------------------------------- state
-
-
-class _StateStore:
-    """``CK/tickwheel/state/N`` directories: the carried state after each batch."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.state = os.path.join(root, "state")
-        self.staging = os.path.join(root, "staging")
-        self.plans = os.path.join(root, "plans")
-        for path in (self.state, self.staging, self.plans):
-            os.makedirs(path, exist_ok=True)
-
-    def committed(self) -> list[int]:
-        return sorted(int(n) for n in os.listdir(self.state) if n.isdigit())
-
-    def path(self, batch_id: int) -> str:
-        return os.path.join(self.state, str(batch_id))
-
-    def staged(self, batch_id: int) -> str:
-        return os.path.join(self.staging, str(batch_id))
-
-    def latest_before(self, batch_id: int) -> int | None:
-        ids = [b for b in self.committed() if b < batch_id]
-        return ids[-1] if ids else None
-
-    def plan(self, batch_id: int, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """The write-ahead plan of a batch: made once, reused when the batch replays."""
-        path = os.path.join(self.plans, f"{batch_id}.json")
-        if os.path.exists(path):
-            return _read_json(path)
-        plan = make()
-        _write_json(path, plan)
-        return plan
-
-    def commit(self, batch_id: int) -> None:
-        os.rename(self.staged(batch_id), self.path(batch_id))
-        _fsync_dir(self.state)
-
-    def prune(self, batch_id: int) -> None:
-        """Keep the state of ``batch_id`` and the one before it; drop older ones."""
-        keep = {batch_id, self.latest_before(batch_id)}
-        for b in self.committed():
-            if b not in keep and b < batch_id:
-                shutil.rmtree(self.path(b), ignore_errors=True)
-        for name in os.listdir(self.plans):
-            stem = name.split(".")[0]
-            if stem.isdigit() and int(stem) < batch_id:
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(self.plans, name))
-
-
 # ----------------------------------------------------------------------------- processing
-
-#: The per-partition function's output columns: (name, Spark type). Spark reads
-#: them as ``_PROC_OUT_SCHEMA``; the function writes them as ``_proc_out_arrow_schema``.
-_PROC_OUT_COLUMNS = (
-    ("kind", "string"),
-    ("rule", "string"),
-    ("key", "string"),
-    ("id", "string"),
-    ("time", "long"),
-    ("deadline", "long"),
-    ("outcome", "string"),
-    ("resolved_at", "long"),
-    ("latency_ms", "long"),
-    ("resolve_event_id", "string"),
-    ("event_type", "string"),
-    ("reason", "string"),
-)
-_PROC_OUT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in _PROC_OUT_COLUMNS)
-_OPS_SCHEMA = "kind string, rule string, key string, event_id string, time long, deadline long"
 
 
 def _process_partitions(
@@ -526,9 +347,9 @@ def _processed_batch(
 
 
 def _proc_out_arrow_schema(pa: Any) -> Any:
-    """``_PROC_OUT_SCHEMA`` as an Arrow schema."""
+    """``PROC_OUT_SCHEMA`` (of :mod:`._micro_batch`) as an Arrow schema."""
     arrow_type = {"string": pa.string(), "long": pa.int64()}
-    return pa.schema([(name, arrow_type[kind]) for name, kind in _PROC_OUT_COLUMNS])
+    return pa.schema([(name, arrow_type[kind]) for name, kind in PROC_OUT_COLUMNS])
 
 
 # ----------------------------------------------------------------------------- the job
@@ -538,21 +359,6 @@ def _log(config: StreamConfig, message: str) -> None:
     if not config.quiet:
         stamp = dt.datetime.now().strftime("%H:%M:%S")
         print(f"[{stamp}] stream: {message}", flush=True)
-
-
-def _parse_time_text(text: str) -> int | None:
-    text = text.strip()
-    if not text:
-        return None
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        return None
-    return int(when.timestamp() * 1000)
 
 
 class StreamJob:
@@ -595,22 +401,22 @@ class StreamJob:
                 f"{config.rules_path}: --input-format maxwell orders events by binlog position; "
                 'set [input].sequence (for example sequence = "seq")'
             )
+        self.reader = BatchReader(self.rules, self.input_format, self.maxwell_specs)
         self.trigger, self.interval_ms = parse_trigger(config.trigger)
         if not os.path.isdir(config.input):
             raise StreamError(f"--input {config.input}: not a directory")
         self.checkpoint = os.path.abspath(config.checkpoint)
         self.root = os.path.join(self.checkpoint, "tickwheel")
         os.makedirs(self.root, exist_ok=True)
-        self._lock = _CheckpointLock(self.root)
+        self._lock = CheckpointLock(self.root)
         self._lock.acquire()
-        self.store = _StateStore(self.root)
+        self.store = StateStore(self.root)
         self._spark = spark
         self._batch_spark: SparkSession | None = None
         self.sink: BatchSink | None = None
         self.batches_run = 0
         self.totals: dict[str, int] = {}
         self.warnings: list[str] = []
-        self._persisted: list[DataFrame] = []
         self._marks: list[tuple[str, float]] = []
 
     # -- session ------------------------------------------------------------
@@ -710,14 +516,19 @@ class StreamJob:
             "warnings": self.warnings,
         }
         if last:
-            summary["watermark"] = _read_json(os.path.join(self.store.path(last[-1]), "meta.json"))[
+            summary["watermark"] = read_json(os.path.join(self.store.path(last[-1]), "meta.json"))[
                 "watermark"
             ]
         _log(self.config, f"done: {json.dumps(summary, sort_keys=True)}")
         return summary
 
     def _mark(self, phase: str) -> None:
+        """Note the end of a phase of the current batch, for its progress line."""
         self._marks.append((phase, time.perf_counter()))
+
+    def _run_batch(self, batch_id: int, plan: Mapping[str, Any]) -> dict[str, Any]:
+        """Compute and commit micro-batch ``batch_id`` (see :mod:`._micro_batch`)."""
+        return MicroBatch(self, batch_id, plan, _process_partitions).run()
 
     def _phases(self) -> str:
         marks = self._marks
@@ -734,7 +545,7 @@ class StreamJob:
                 f"checkpoint {self.checkpoint}: Spark replays batch {batch_id} but tickwheel's "
                 f"state is already at batch {later[-1]}; the checkpoint was tampered with"
             )
-        _fault("batch_start", batch_id)
+        fault("batch_start", batch_id)
         self._marks = [("start", time.perf_counter())]
         listed = [r["path"] for r in files_df.collect()]  # in the source's order
         self._mark("list")
@@ -743,7 +554,7 @@ class StreamJob:
             lambda: {"batch_id": batch_id, "files": listed, "now_ms": int(time.time() * 1000)},
         )
         counts = self._run_batch(batch_id, plan)
-        warnings = counts.pop("warnings")
+        warnings: list[str] = counts.pop("warnings")
         for message in warnings:  # on stderr even with --quiet
             print(f"tickwheel pipeline stream: batch {batch_id}: warning: {message}",
                   file=sys.stderr, flush=True)  # fmt: skip
@@ -760,515 +571,6 @@ class StreamJob:
             + "".join(f"; WARNING: {message}" for message in warnings),
         )
 
-    # -- reading ------------------------------------------------------------
-    def _fields(self) -> list[str]:
-        from .events import _fields
-
-        return _fields(self.rules)
-
-    def _read(self, spark: SparkSession, files: Sequence[str]) -> tuple[DataFrame, DataFrame]:
-        """Read ``files`` into the batch reader's record frame, plus rejected rows.
-
-        The records have the columns of :func:`tickwheel.pipeline.events.read_records`
-        (``raw``, ``malformed``, ``f_<field>``). Unlike the batch reader, each CSV
-        or Parquet file is read on its own, so one file's extra or missing columns
-        or one unreadable file cannot spoil the others: an unreadable file becomes
-        one ``rejected`` row naming it.
-        """
-        from pyspark.sql import functions as F
-        from pyspark.sql import types as T
-
-        from .events import CORRUPT
-
-        fields = self._fields()
-        record_schema = T.StructType(
-            [T.StructField("raw", T.StringType()), T.StructField("malformed", T.BooleanType())]
-            + [T.StructField(f"f_{f}", T.StringType()) for f in fields]
-        )
-        rejected_schema = "event_id string, reason string, raw string"
-        rejected = [spark.createDataFrame([], rejected_schema)]
-        parts: list[DataFrame] = []
-
-        def reject_file(path: str, reason: str) -> None:
-            rejected.append(
-                spark.createDataFrame([(None, reason, os.path.basename(path))], rejected_schema)
-            )
-
-        def from_text(lines: DataFrame) -> DataFrame:
-            schema = T.StructType(
-                [T.StructField(f, T.StringType()) for f in fields]
-                + [T.StructField(CORRUPT, T.StringType())]
-            )
-            parsed = lines.where(F.trim(F.col("value")) != "").select(
-                F.col("value").alias("raw"),
-                F.from_json(
-                    "value", schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-                ).alias("s"),
-            )
-            return parsed.select(
-                "raw",
-                (F.col("s").isNull() | F.col(f"s.{CORRUPT}").isNotNull()).alias("malformed"),
-                *[F.col("s").getField(f).alias(f"f_{f}") for f in fields],
-            )
-
-        if files and self.input_format in ("json", "maxwell"):
-            lines = spark.read.text(list(files))
-            if self.input_format == "maxwell":
-                from .maxwell import maxwell_records
-
-                cfg = self.rules.input
-                if len(self.rules.key_fields) != 1:
-                    raise StreamError("--input-format maxwell needs one key field for all rules")
-                lines, mrej = maxwell_records(
-                    lines.where(F.trim("value") != ""),
-                    self.maxwell_specs,
-                    key=self.rules.key_fields[0],
-                    type_field=cfg.type,
-                    time_field=cfg.time,
-                    id_field=cfg.id,
-                    sequence_field=cfg.sequence,
-                )
-                rejected.append(
-                    mrej.select(F.lit(None).cast("string").alias("event_id"), "reason", "raw")
-                )
-            parts.append(from_text(lines))
-        elif self.input_format == "csv":
-            for path in files:
-                header = _first_line(path)
-                if header is None:
-                    continue  # a zero-byte file: no records
-                names = [h.strip().strip('"') for h in header.split(",")]
-                if len(set(names)) != len(names) or not all(names):
-                    reject_file(path, f"bad CSV header: {header[:200]!r}")
-                    continue
-                schema = ", ".join(f"`{n}` STRING" for n in names)
-                lines = spark.read.text(path).where(F.col("value") != header)
-                lines = lines.where(F.trim(F.col("value")) != "")
-                parsed = lines.select(
-                    F.col("value").alias("raw"),
-                    F.from_csv("value", schema, {"mode": "PERMISSIVE"}).alias("s"),
-                )
-                parts.append(
-                    parsed.select(
-                        "raw",
-                        F.col("s").isNull().alias("malformed"),
-                        *[
-                            (F.col(f"s.`{f}`") if f in names else F.lit(None).cast("string")).alias(
-                                f"f_{f}"
-                            )
-                            for f in fields
-                        ],
-                    )
-                )
-        else:  # parquet
-            for path in files:
-                if os.path.getsize(path) == 0:
-                    continue  # a zero-byte file: no records
-                try:
-                    frame = spark.read.parquet(path)
-                    present = set(frame.columns)
-                except Exception as exc:  # garbage or truncated: reject the file, keep going
-                    text = str(exc).strip()
-                    first = text.splitlines()[0][:200] if text else type(exc).__name__
-                    reject_file(path, f"unreadable parquet file: {first}")
-                    continue
-                raw = F.to_json(F.struct(*[F.col(f"`{c}`") for c in frame.columns]))
-                parts.append(
-                    frame.select(
-                        raw.alias("raw"),
-                        F.lit(False).alias("malformed"),
-                        *[
-                            (
-                                F.col(f"`{f}`").cast("string")
-                                if f in present
-                                else F.lit(None).cast("string")
-                            ).alias(f"f_{f}")
-                            for f in fields
-                        ],
-                    )
-                )
-        records = spark.createDataFrame([], record_schema)
-        for part in parts:
-            records = records.unionByName(part)
-        out = rejected[0]
-        for more in rejected[1:]:
-            out = out.unionByName(more)
-        return records, out
-
-    def _validate(
-        self, records: DataFrame, max_time_ms: int | None
-    ) -> tuple[DataFrame, DataFrame, DataFrame]:
-        """Records → (parsed, events, rejected) with the batch pipeline's own validation.
-
-        ``parsed`` (every record, with its reason) is persisted for the batch.
-        """
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
-
-        from .events import key_column, parse_records
-
-        parsed = parse_records(records, self.rules, max_time_ms)
-        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-        self._persisted.append(parsed)
-        rejected = parsed.where(F.col("reason").isNotNull()).select("event_id", "reason", "raw")
-        events = parsed.where(F.col("reason").isNull()).select(
-            "event_id",
-            "event_type",
-            "time",
-            "seq",
-            "raw",
-            *[F.col(key_column(i)).alias(f"k_{k}") for i, k in enumerate(self.rules.key_fields)],
-        )
-        return parsed, events, rejected
-
-    # -- one micro-batch ------------------------------------------------------
-    def _heartbeats(self, spark: SparkSession, paths: Sequence[str]) -> tuple[list[int], list[Any]]:
-        times, bad = [], []
-        for path in paths:
-            with open(path, "rb") as fh:
-                text = fh.read(4096).decode("utf-8", errors="replace")
-            value = text.strip()
-            with contextlib.suppress(ValueError):
-                obj = json.loads(value)
-                if isinstance(obj, dict):
-                    value = str(obj.get("time", obj.get(self.rules.input.time, "")))
-                elif isinstance(obj, int):
-                    value = str(obj)
-            ms = _parse_time_text(value)
-            if ms is None or ms < 0:
-                bad.append((None, "bad heartbeat: expected an event time", text[:1000]))
-            else:
-                times.append(ms)
-        return times, bad
-
-    def _run_batch(self, batch_id: int, plan: Mapping[str, Any]) -> dict[str, Any]:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from pyspark import StorageLevel
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        spark = self._batch_session()
-        assert self.sink is not None
-        cfg = self.rules.input
-        lateness = cfg.allowed_lateness_ms
-        key_cols = [f"k_{k}" for k in self.rules.key_fields]
-        prev = self.store.latest_before(batch_id)
-        meta_prev: dict[str, Any] = (
-            _read_json(os.path.join(self.store.path(prev), "meta.json")) if prev is not None else {}
-        )
-        w_prev: int | None = meta_prev.get("watermark")
-        max_prev: int | None = meta_prev.get("max_time")
-        files = [p[len("file:") :] if p.startswith("file:") else p for p in plan["files"]]
-        # A file listed, then removed before this batch read it: one rejected row.
-        gone = [p for p in files if not os.path.exists(p)]
-        files = [p for p in files if p not in gone]
-        hb_files = [p for p in files if p.endswith(_HEARTBEAT_SUFFIX)]
-        data_files = [p for p in files if not p.endswith(_HEARTBEAT_SUFFIX)]
-        hb_times, file_rejects = self._heartbeats(spark, hb_files)
-        file_rejects.extend((None, MISSING_FILE, os.path.basename(p)) for p in gone)
-
-        records, rejected_read = self._read(spark, data_files)
-        future_limit = (
-            None
-            if self.config.max_future_ms is None
-            else int(plan["now_ms"]) + self.config.max_future_ms
-        )
-        parsed, events, rejected_bad = self._validate(records, future_limit)
-        rejected_parts = [rejected_read, rejected_bad]
-        if file_rejects:
-            rejected_parts.append(
-                spark.createDataFrame(file_rejects, "event_id string, reason string, raw string")
-            )
-        # The first action on the parsed (cached) batch: what the warnings and
-        # the progress line count.
-        valid, reason = F.col("reason").isNull(), F.col("reason")
-        is_late = F.lit(False) if w_prev is None else valid & (F.col("time") < w_prev)
-        seen = parsed.agg(
-            F.sum(F.when(valid, 1).otherwise(0)).alias("valid"),
-            F.sum(F.when(is_late, 1).otherwise(0)).alias("late"),
-            F.sum(F.when(reason == "far_future", 1).otherwise(0)).alias("far_future"),
-        ).collect()[0]
-        arrived, n_late = int(seen["valid"] or 0), int(seen["late"] or 0)
-        n_far_future = int(seen["far_future"] or 0)
-        if w_prev is not None:
-            late = events.where(F.col("time") < w_prev).select(
-                "event_id",
-                "event_type",
-                F.col("time").alias("event_time"),
-                *[F.col(c).alias(c[2:]) for c in key_cols],
-                F.lit(w_prev).cast("long").alias("watermark"),
-                F.lit("late: event time below the watermark").alias("reason"),
-                "raw",
-            )
-            events = events.where(F.col("time") >= w_prev)
-        else:
-            late = events.where(F.lit(False)).select(
-                "event_id",
-                "event_type",
-                F.col("time").alias("event_time"),
-                *[F.col(c).alias(c[2:]) for c in key_cols],
-                F.lit(None).cast("long").alias("watermark"),
-                F.lit(None).cast("string").alias("reason"),
-                "raw",
-            )
-        event_cols = ["event_id", "event_type", "time", "seq", "raw", *key_cols]
-        state_events_path = (
-            os.path.join(self.store.path(prev), "events") if prev is not None else None
-        )
-        if state_events_path and os.path.isdir(state_events_path):
-            # The schema is known: giving it spares Spark a job reading the footers.
-            old = spark.read.schema(events.select(*event_cols).schema).parquet(state_events_path)
-            old = old.withColumn("_old", F.lit(True)).withColumn(
-                "_applied", F.col("time") <= F.lit(w_prev)
-            )
-        else:
-            old = events.where(F.lit(False)).select(*event_cols)
-            old = old.withColumn("_old", F.lit(True)).withColumn("_applied", F.lit(True))
-        new = events.select(*event_cols).withColumn("_old", F.lit(False))
-        new = new.withColumn("_applied", F.lit(False))
-        both = old.unionByName(new)
-        by_id = Window.partitionBy("event_id").orderBy(
-            F.col("_applied").desc(), "time", "seq", "raw"
-        )
-        content = F.struct("event_type", "time", "seq", *key_cols)
-        ranked = (
-            both.withColumn("_rn", F.row_number().over(by_id))
-            .withColumn("_kept", F.first(content).over(by_id))
-            .withColumn("_same", content == F.col("_kept"))
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
-        stats_row = ranked.agg(
-            F.max(F.when((F.col("_rn") == 1) & ~F.col("_old"), F.col("time"))).alias("max_new"),
-            F.sum(F.when((F.col("_rn") == 1) & ~F.col("_old"), 1).otherwise(0)).alias("events"),
-            F.sum(F.when((F.col("_rn") > 1) & F.col("_same"), 1).otherwise(0)).alias("duplicates"),
-            F.sum(F.when((F.col("_rn") > 1) & ~F.col("_same"), 1).otherwise(0)).alias("conflicts"),
-        ).collect()[0]
-        self._mark("parse+dedup")
-        candidates = [m for m in (max_prev, stats_row["max_new"], *hb_times) if m is not None]
-        max_time = max(candidates) if candidates else None
-        w_new = w_prev
-        if max_time is not None:
-            w_new = max_time - lateness if w_prev is None else max(w_prev, max_time - lateness)
-        rejected_parts.append(
-            ranked.where((F.col("_rn") > 1) & ~F.col("_same")).select(
-                "event_id", F.lit("conflict").alias("reason"), "raw"
-            )
-        )
-        kept = ranked.where(F.col("_rn") == 1)
-        if w_new is not None:
-            next_events = kept.where(F.col("time") >= w_new).select(*event_cols)
-            todo = kept.where(~F.col("_applied") & (F.col("time") <= w_new))
-        else:
-            next_events = kept.select(*event_cols)
-            todo = kept.where(F.lit(False))
-        # fan out to the rules: one row per (rule, event) whose type the rule uses
-        fan: list[DataFrame] = []
-        for rule in self.rules.rules:
-            types = [*rule.open, *rule.complete, *rule.cancel]
-            fan.append(
-                todo.where(F.col("event_type").isin(*types)).select(
-                    F.lit(None).cast("string").alias("state_kind"),
-                    F.lit(rule.name).alias("rule"),
-                    F.col(f"k_{rule.key}").alias("key"),
-                    "time",
-                    "seq",
-                    "event_id",
-                    "event_type",
-                    F.lit(None).cast("long").alias("deadline"),
-                )
-            )
-        ops_path = os.path.join(self.store.path(prev), "ops") if prev is not None else None
-        if ops_path and os.path.isdir(ops_path):
-            fan.append(
-                spark.read.schema(_OPS_SCHEMA)
-                .parquet(ops_path)
-                .select(
-                    F.col("kind").alias("state_kind"),
-                    "rule",
-                    "key",
-                    "time",
-                    F.lit(None).cast("long").alias("seq"),
-                    "event_id",
-                    F.lit(None).cast("string").alias("event_type"),
-                    "deadline",
-                )
-            )
-        proc_in = fan[0]
-        for more in fan[1:]:
-            proc_in = proc_in.unionByName(more)
-        partitions = self.config.partitions or int(
-            spark.conf.get("spark.sql.shuffle.partitions") or 4
-        )
-        if w_new is not None:
-            proc_out = (
-                proc_in.repartition(partitions, "rule", "key")
-                .mapInArrow(_process_partitions(self.rules, w_prev, w_new), _PROC_OUT_SCHEMA)
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            )
-        else:
-            proc_out = spark.createDataFrame([], _PROC_OUT_SCHEMA)
-        outcomes = proc_out.where(F.col("kind") == "outcome").select(
-            "rule",
-            "key",
-            F.col("id").alias("op_id"),
-            F.col("time").alias("opened_at"),
-            "deadline",
-            "outcome",
-            "resolved_at",
-            "latency_ms",
-            "resolve_event_id",
-        )
-        unmatched = proc_out.where(F.col("kind") == "unmatched").select(
-            "rule",
-            "key",
-            F.col("id").alias("event_id"),
-            "event_type",
-            F.col("time").alias("event_time"),
-            "reason",
-        )
-        ops = proc_out.where(F.col("kind").isin("pending", "expired")).select(
-            "kind", "rule", "key", F.col("id").alias("event_id"), "time", "deadline"
-        )
-        rejected = rejected_parts[0]
-        for more in rejected_parts[1:]:
-            rejected = rejected.unionByName(more)
-        tables = {
-            "outcomes": outcomes,
-            "unmatched": unmatched,
-            "rejected": _valid_raw(rejected),
-            "late": _valid_raw(late),
-        }
-        try:
-            counts: dict[str, Any] = {
-                "events": int(stats_row["events"] or 0),
-                "duplicates": int(stats_row["duplicates"] or 0),
-                "conflicts": int(stats_row["conflicts"] or 0),
-                "late": n_late,
-                "far_future": n_far_future,
-            }
-            warnings = abnormal_batch_warnings(
-                arrived=arrived,
-                late=n_late,
-                previous_max_time=max_prev,
-                watermark=w_new,
-                longest_timeout_ms=max(r.timeout_ms for r in self.rules.rules),
-            )
-            staged = self.store.staged(batch_id)
-            shutil.rmtree(staged, ignore_errors=True)
-            os.makedirs(staged)
-            # The next state does not depend on the outputs: its two tables are
-            # written while the outputs are staged, so the Spark jobs overlap.
-            # Nothing is committed until both are staged (see the module doc).
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                state_writes = [
-                    pool.submit(next_events.write.parquet, os.path.join(staged, "events")),
-                    pool.submit(ops.write.parquet, os.path.join(staged, "ops")),
-                ]
-                if not self.sink.is_committed(batch_id):  # a replay after the sink's commit
-                    self.sink.stage(
-                        batch_id, tables, on_table=lambda _name: _fault("mid_batch", batch_id)
-                    )
-                self._mark("outputs")
-                _fault("after_outputs", batch_id)
-                for future in state_writes:
-                    future.result()
-            _write_json(
-                os.path.join(staged, "meta.json"),
-                {
-                    "batch_id": batch_id,
-                    "watermark": w_new,
-                    "max_time": max_time,
-                    "files": plan["files"],
-                    "counts": counts,
-                    "warnings": warnings,
-                },
-            )
-            self._mark("state")
-            _fault("after_state", batch_id)
-            self.sink.commit(batch_id)
-            _fault("after_sink_commit", batch_id)
-            self.store.commit(batch_id)
-            _fault("after_commit", batch_id)
-            self.store.prune(batch_id)
-            self._mark("commit")
-        finally:
-            ranked.unpersist()
-            proc_out.unpersist()
-            for df in self._persisted:
-                df.unpersist()
-            self._persisted.clear()
-        counts["watermark"] = w_new
-        counts["warnings"] = warnings
-        return counts
-
-
-def abnormal_batch_warnings(
-    *,
-    arrived: int,
-    late: int,
-    previous_max_time: int | None,
-    watermark: int | None,
-    longest_timeout_ms: int,
-) -> list[str]:
-    """What looks wrong about one micro-batch, as messages for the user. O(1).
-
-    * most of the batch's valid events (``late`` of ``arrived``) were older
-      than the previous watermark: files arrived out of order, or an earlier
-      record moved the watermark too far;
-    * the watermark moved past the previous batch's largest event time by more
-      than the longest rule timeout: every operation pending then has expired
-      at once, which one record with a wrong time can cause.
-    """
-    warnings = []
-    if arrived and late * 2 > arrived:
-        warnings.append(
-            f"{late:,} of this batch's {arrived:,} events were older than the watermark "
-            "and went to late/"
-        )
-    if previous_max_time is not None and watermark is not None:
-        jump = watermark - previous_max_time
-        if jump > longest_timeout_ms:
-            warnings.append(
-                f"the watermark moved {_duration_text(jump)} past the previous batch's largest "
-                f"event time, more than the longest rule timeout "
-                f"({_duration_text(longest_timeout_ms)}): every operation pending then expired"
-            )
-    return warnings
-
-
-def _duration_text(ms: int) -> str:
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms >= size:
-            return f"{ms / size:,.1f}{unit}"
-    return f"{ms}ms"
-
-
-def _valid_raw(frame: DataFrame) -> DataFrame:
-    """``frame`` with ``raw`` made valid UTF-8 and ``raw_bytes`` beside it (see events)."""
-    from pyspark.sql import functions as F
-
-    from .events import raw_text_columns
-
-    text, exact = raw_text_columns(F.col("raw"))
-    return frame.select(
-        *[
-            col
-            for name in frame.columns
-            for col in (
-                (text.alias("raw"), exact.alias("raw_bytes")) if name == "raw" else (F.col(name),)
-            )
-        ]
-    )
-
-
-def _first_line(path: str) -> str | None:
-    with open(path, "rb") as fh:
-        line = fh.readline()
-    if not line:
-        return None
-    return line.decode("utf-8", errors="replace").rstrip("\r\n")
-
 
 def read_stream_outputs(
     spark: SparkSession, sink: BatchSink, checkpoint: str
@@ -1284,14 +586,14 @@ def read_stream_outputs(
     """
     from pyspark.sql import functions as F
 
-    store = _StateStore(os.path.join(os.path.abspath(checkpoint), "tickwheel"))
+    store = StateStore(os.path.join(os.path.abspath(checkpoint), "tickwheel"))
     out: dict[str, DataFrame | None] = {t: sink.read_table(spark, t) for t in _TABLES}
     committed = store.committed()
     if not committed:
         out["buffered"] = None
         return out
     last = store.path(committed[-1])
-    meta = _read_json(os.path.join(last, "meta.json"))
+    meta = read_json(os.path.join(last, "meta.json"))
     ops = spark.read.parquet(os.path.join(last, "ops"))
     pending = ops.where(F.col("kind") == "pending").select(
         "rule",
