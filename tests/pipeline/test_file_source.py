@@ -17,7 +17,7 @@ from tickwheel.pipeline._file_source import (
     OrderedFileReader,
     list_new_files,
 )
-from tickwheel.pipeline.stream import abnormal_batch_warnings
+from tickwheel.pipeline._micro_batch import abnormal_batch_warnings
 
 
 def _touch(path: Path, mtime: int, data: bytes = b"x\n") -> Path:
