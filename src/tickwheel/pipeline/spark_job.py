@@ -23,12 +23,14 @@ cluster, as the separate-JVM test shows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -227,7 +229,7 @@ _PROC_COLUMNS = ("rule", "key", "time", "seq", "event_id", "kind", "event_type")
 def _process_partition(
     rules: Rules, lateness_ms: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function: one PartitionProcessor per partition.
+    """The mapInArrow function: one :class:`_PartitionRun` per partition.
 
     The global watermark is not known yet when this runs (it is the largest
     kept event time of all partitions), so every event is applied and the
@@ -242,100 +244,127 @@ def _process_partition(
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-        import pyarrow.compute as pc  # type: ignore[import-untyped]
-
-        from .core import PartitionProcessor, cyclic_gc_paused
-
-        started = time.perf_counter()
-        schema = _union_schema(pa)
-        loop_s = 0.0  # wall time of the loop
-        loop_cpu = 0.0  # CPU time of this thread in the loop: robust to a busy machine
-        events = kept = duplicates = ignored = 0
-        max_time: int | None = None  # the largest kept event time seen here
-        tail: list[Any] = []  # event batches that may hold events above the watermark
-        proc = PartitionProcessor(rules)
-        perf = time.perf_counter
-        cpu = time.thread_time
+        partition = _PartitionRun(rules, lateness_ms)
         try:
             for batch in batches:
-                cls = batch.column("c")
-                if pc.all(pc.equal(cls, C_EVENT)).as_py():
-                    ev = batch
-                else:
-                    ev = batch.filter(pc.equal(cls, C_EVENT))
-                    other = batch.filter(pc.not_equal(cls, C_EVENT))
-                    codes = other.column("c")
-                    duplicates += pc.sum(pc.equal(codes, C_DUPLICATE)).as_py() or 0
-                    is_ignored = pc.equal(codes, C_IGNORED)
-                    n_ignored = pc.sum(is_ignored).as_py() or 0
-                    if n_ignored:
-                        ignored += n_ignored
-                        top = pc.max(pc.filter(other.column("time"), is_ignored)).as_py()
-                        max_time = top if max_time is None else max(max_time, top)
-                    rej = other.filter(pc.greater_equal(codes, C_CONFLICT))
-                    if rej.num_rows:
-                        yield _batch(pa, schema, "r", pa.nulls(rej.num_rows, pa.int32()), None,
-                                     rej.column("event_id"), None, None, rej.column("reason"),
-                                     None, rej.column("raw"),
-                                     raw_bytes=rej.column("raw_bytes"))  # fmt: skip
-                if not ev.num_rows:
-                    continue
-                kept += pc.sum(pc.equal(ev.column("p"), 0)).as_py() or 0
-                # The collector stays off from the columns' conversion to the
-                # outcomes' batch, so it runs between batches, not within them:
-                # see cyclic_gc_paused for why, and for what it costs otherwise.
-                with cyclic_gc_paused():
-                    cols = [ev.column(name).to_pylist() for name in _PROC_COLUMNS]
-                    t, c = perf(), cpu()
-                    proc.process(zip(*cols, strict=True))
-                    loop_s += perf() - t
-                    loop_cpu += cpu() - c
-                    outcomes = proc.take_outcomes()
-                    out = _outcome_batch(pa, schema, outcomes, pending=False) if outcomes else None
-                events += ev.num_rows
-                top = cols[2][-1]  # events come sorted by time
-                max_time = top if max_time is None else max(max_time, top)
-                floor = top - lateness_ms
-                tail.append(ev)
-                while tail and tail[0].column("time")[-1].as_py() <= floor:
-                    tail.pop(0)
-                if out is not None:
-                    yield out
-            pending = proc.pending_operations()
-            if pending:
-                yield _outcome_batch(pa, schema, pending, pending=True)
-            unmatched = proc.take_unmatched()
-            if unmatched:
-                rule, key, event_id, event_type, event_time, reason = zip(*unmatched, strict=True)
-                yield _batch(
-                    pa, schema, "u", rule, key, event_id, event_time, None, reason, None, event_type
-                )
-            if tail and max_time is not None:
-                floor = max_time - lateness_ms
-                for ev in tail:
-                    above = ev.filter(pc.greater(ev.column("time"), floor))
-                    if above.num_rows:
-                        yield _batch(pa, schema, "b", above.column("rule"), above.column("key"),
-                                     above.column("event_id"), above.column("time"),
-                                     above.column("seq"), None, None,
-                                     above.column("event_type"))  # fmt: skip
-            stats = {
-                "events": events,
-                "kept": kept,
-                "duplicates": duplicates,
-                "ignored": ignored,
-                "max_time": max_time,
-                "loop_seconds": loop_s,
-                "loop_cpu_seconds": loop_cpu,
-                "udf_seconds": time.perf_counter() - started,
-            }
-            yield _batch(pa, schema, "s", [0], [None], [None], [None], [None], [json.dumps(stats)],
-                         [None], [None])  # fmt: skip
+                events = yield from partition.pass_through(batch)
+                if events.num_rows:
+                    yield from partition.apply(events)
+            yield from partition.finish()
         finally:
-            proc.close()
+            partition.proc.close()
 
     return run
+
+
+class _PartitionRun:
+    """One partition of the batch job: its processor, counters and timings."""
+
+    def __init__(self, rules: Rules, lateness_ms: int) -> None:
+        import pyarrow as pa
+
+        from .core import PartitionProcessor
+
+        self.started = time.perf_counter()
+        self.pa, self.schema = pa, _union_schema(pa)
+        self.lateness_ms = lateness_ms
+        self.proc = PartitionProcessor(rules)
+        self.loop_s = 0.0  # wall time of the loop
+        self.loop_cpu = 0.0  # CPU time of this thread in the loop: robust to a busy machine
+        self.events = self.kept = self.duplicates = self.ignored = 0
+        self.max_time: int | None = None  # the largest kept event time seen here
+        self.tail: list[Any] = []  # event batches that may hold events above the watermark
+
+    def _saw(self, top: int) -> None:
+        self.max_time = top if self.max_time is None else max(self.max_time, top)
+
+    def pass_through(self, batch: Any) -> Generator[Any, None, Any]:
+        """Count the batch's non-event rows and yield its rejected ones; return its events."""
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+        cls = batch.column("c")
+        if pc.all(pc.equal(cls, C_EVENT)).as_py():
+            return batch
+        other = batch.filter(pc.not_equal(cls, C_EVENT))
+        codes = other.column("c")
+        self.duplicates += pc.sum(pc.equal(codes, C_DUPLICATE)).as_py() or 0
+        is_ignored = pc.equal(codes, C_IGNORED)
+        n_ignored = pc.sum(is_ignored).as_py() or 0
+        if n_ignored:
+            self.ignored += n_ignored
+            self._saw(pc.max(pc.filter(other.column("time"), is_ignored)).as_py())
+        rej = other.filter(pc.greater_equal(codes, C_CONFLICT))
+        if rej.num_rows:
+            yield _batch(self.pa, self.schema, "r", self.pa.nulls(rej.num_rows, self.pa.int32()),
+                         None, rej.column("event_id"), None, None, rej.column("reason"), None,
+                         rej.column("raw"), raw_bytes=rej.column("raw_bytes"))  # fmt: skip
+        return batch.filter(pc.equal(cls, C_EVENT))
+
+    def apply(self, ev: Any) -> Iterator[Any]:
+        """Run one batch of (sorted) events through the processor; yield its outcomes."""
+        import pyarrow.compute as pc
+
+        from .core import cyclic_gc_paused
+
+        self.kept += pc.sum(pc.equal(ev.column("p"), 0)).as_py() or 0
+        # The collector stays off from the columns' conversion to the
+        # outcomes' batch, so it runs between batches, not within them:
+        # see cyclic_gc_paused for why, and for what it costs otherwise.
+        with cyclic_gc_paused():
+            cols = [ev.column(name).to_pylist() for name in _PROC_COLUMNS]
+            t, c = time.perf_counter(), time.thread_time()
+            self.proc.process(zip(*cols, strict=True))
+            self.loop_s += time.perf_counter() - t
+            self.loop_cpu += time.thread_time() - c
+            outcomes = self.proc.take_outcomes()
+            out = (
+                _outcome_batch(self.pa, self.schema, outcomes, pending=False) if outcomes else None
+            )
+        self.events += ev.num_rows
+        top = cols[2][-1]  # events come sorted by time
+        self._saw(top)
+        self.tail.append(ev)
+        while self.tail and self.tail[0].column("time")[-1].as_py() <= top - self.lateness_ms:
+            self.tail.pop(0)
+        if out is not None:
+            yield out
+
+    def finish(self) -> Iterator[Any]:
+        """Yield the pending operations, the unmatched events, the events that may be
+        buffered, and the partition's statistics row."""
+        import pyarrow.compute as pc
+
+        pa, schema = self.pa, self.schema
+        pending = self.proc.pending_operations()
+        if pending:
+            yield _outcome_batch(pa, schema, pending, pending=True)
+        unmatched = self.proc.take_unmatched()
+        if unmatched:
+            rule, key, event_id, event_type, event_time, reason = zip(*unmatched, strict=True)
+            yield _batch(
+                pa, schema, "u", rule, key, event_id, event_time, None, reason, None, event_type
+            )
+        if self.tail and self.max_time is not None:
+            floor = self.max_time - self.lateness_ms
+            for ev in self.tail:
+                above = ev.filter(pc.greater(ev.column("time"), floor))
+                if above.num_rows:
+                    yield _batch(pa, schema, "b", above.column("rule"), above.column("key"),
+                                 above.column("event_id"), above.column("time"),
+                                 above.column("seq"), None, None,
+                                 above.column("event_type"))  # fmt: skip
+        stats = {
+            "events": self.events,
+            "kept": self.kept,
+            "duplicates": self.duplicates,
+            "ignored": self.ignored,
+            "max_time": self.max_time,
+            "loop_seconds": self.loop_s,
+            "loop_cpu_seconds": self.loop_cpu,
+            "udf_seconds": time.perf_counter() - self.started,
+        }
+        yield _batch(pa, schema, "s", [0], [None], [None], [None], [None], [json.dumps(stats)],
+                     [None], [None])  # fmt: skip
 
 
 def _union_schema(pa: Any) -> Any:
@@ -360,13 +389,13 @@ def _batch(pa: Any, schema: Any, k: str, rule: Any, key: Any, id_: Any, t0: Any,
     n = len(rule)
     arrays = []
     values = (rule, key, id_, t0, t1, s, t2, ref, raw_bytes)
-    for value, field in zip(values, list(schema)[1:], strict=True):
+    for value, column in zip(values, list(schema)[1:], strict=True):
         if value is None:
-            arrays.append(pa.nulls(n, field.type))
+            arrays.append(pa.nulls(n, column.type))
         elif isinstance(value, pa.Array):  # an input column passed through: no Python loop
-            arrays.append(value if value.type == field.type else value.cast(field.type))
+            arrays.append(value if value.type == column.type else value.cast(column.type))
         else:
-            arrays.append(pa.array(value, field.type))
+            arrays.append(pa.array(value, column.type))
     return pa.RecordBatch.from_arrays([pa.array([k] * n, pa.string()), *arrays], schema=schema)
 
 
@@ -611,6 +640,228 @@ def _finalise(results: DataFrame, rules: Rules, watermark: int | None) -> dict[s
     }
 
 
+@dataclass
+class _Phases:
+    """The job's progress lines and the seconds of each phase."""
+
+    say: Progress
+    started: float = field(default_factory=time.perf_counter)
+    seconds: dict[str, float] = field(default_factory=dict)
+    _last: float = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def line(self, message: str) -> None:
+        self.say(f"[{self.elapsed():7.1f}s] {message}")
+
+    def end(self, name: str, message: str) -> None:
+        now = self.elapsed()
+        self.seconds[name] = round(now - self._last, 3)
+        self._last = now
+        self.line(message)
+
+
+@dataclass(frozen=True)
+class _LoopStats:
+    """The partitions' own counters (their ``k="s"`` rows), summed."""
+
+    partitions: int
+    max_time: int | None
+    events: int
+    kept: int
+    duplicates: int
+    ignored: int
+    loop_s: float
+    loop_cpu: float
+    udf_s: float
+
+    @classmethod
+    def collect(cls, results: DataFrame) -> _LoopStats:
+        from pyspark.sql import functions as F
+
+        rows = [json.loads(r["s"]) for r in results.filter(F.col("k") == "s").collect()]
+        tops = [s["max_time"] for s in rows if s["max_time"] is not None]
+        return cls(
+            partitions=len(rows),
+            max_time=max(tops) if tops else None,
+            **{
+                name: sum(s[key] for s in rows)
+                for name, key in (
+                    ("events", "events"),
+                    ("kept", "kept"),
+                    ("duplicates", "duplicates"),
+                    ("ignored", "ignored"),
+                    ("loop_s", "loop_seconds"),
+                    ("loop_cpu", "loop_cpu_seconds"),
+                    ("udf_s", "udf_seconds"),
+                )
+            },
+        )
+
+    def rate(self) -> float:
+        """Events per CPU second of the loop (per core)."""
+        return self.events / self.loop_cpu if self.loop_cpu else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "events": self.events,
+            "seconds": round(self.loop_s, 3),
+            "cpu_seconds": round(self.loop_cpu, 3),
+            "events_per_s": round(self.rate(), 1) if self.loop_cpu else None,
+            "events_per_wall_s": round(self.events / self.loop_s, 1) if self.loop_s else None,
+            "udf_seconds": round(self.udf_s, 3),
+            "note": (
+                "per-partition purgatory loop measured inside mapInArrow; events_per_s is "
+                "per core (events / CPU seconds of the loop), events_per_wall_s uses wall time"
+            ),
+        }
+
+
+@dataclass
+class _OutputCounts:
+    """Rows per output and reason, and exact latency percentiles per outcome."""
+
+    outcomes: dict[str, int] = field(default_factory=dict)
+    unmatched: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    latency: dict[str, Any] = field(default_factory=dict)
+    buffered: int = 0
+
+    @classmethod
+    def of(cls, rows: list[Any]) -> _OutputCounts:
+        """From the rows of :func:`_count_outputs`' aggregate."""
+        counts = cls()
+        for row in rows:
+            group, n = row["g"], row["n"]
+            if group.startswith("o:"):
+                outcome = group[2:]
+                counts.outcomes[outcome] = n
+                if outcome != "pending":
+                    p = row["p"]
+                    counts.latency[outcome] = (
+                        None if p is None else {"p50": p[0], "p90": p[1], "p99": p[2]}
+                    )
+            elif group.startswith("u:"):
+                counts.unmatched[group[2:]] = n
+            elif group == "b":
+                counts.buffered = n
+            elif group == "r":
+                counts.rejected[row["r"]] = n
+        return counts
+
+
+def _check_options(
+    spark: SparkSession, partitions: int | None, output_format: str, max_future_ms: int | None
+) -> int:
+    """Validate run_job's options; return the partition count."""
+    if output_format not in ("parquet", "csv", "json"):
+        raise ValueError(f"output format must be parquet, csv or json, got {output_format!r}")
+    if partitions is None:
+        partitions = spark.sparkContext.defaultParallelism
+    if type(partitions) is not int or partitions < 1:
+        raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
+    if max_future_ms is not None and (type(max_future_ms) is not int or max_future_ms < 0):
+        raise ValueError(f"max_future_ms must be an int >= 0 or None, got {max_future_ms!r}")
+    return partitions
+
+
+@contextlib.contextmanager
+def _stage_progress(spark: SparkSession, phases: _Phases, on: bool) -> Iterator[None]:
+    """While the body runs, report the Spark stages' progress (when ``on``)."""
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=_watch_stages,
+        args=(spark, phases.say, phases.started, stop),
+        name="tickwheel-progress",
+        daemon=True,
+    )
+    if on:
+        watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if watcher.is_alive():
+            watcher.join(timeout=10)
+
+
+def _purgatory_rows(
+    spark: SparkSession, rules: Rules, files: list[str], partitions: int, future_limit: int | None
+) -> DataFrame:
+    """Steps 1–5, one Spark job: read, validate, dedup, repartition, sort, mapInArrow.
+
+    The rows are persisted: the caller unpersists them.
+    """
+    from pyspark import StorageLevel
+
+    # A file listed, then removed before it was read: one rejected row.
+    present = [f for f in files if os.path.exists(f)]
+    parsed = parse_records(read_records(spark, present, rules), rules, future_limit)
+    if len(present) < len(files):
+        gone = [f for f in files if f not in set(present)]
+        parsed = parsed.unionByName(_missing_file_rows(spark, parsed, gone))
+    rows = _rows_for_processor(_classify(parsed, rules), rules)
+    return (
+        rows.repartition(partitions, "rule", "key")
+        .sortWithinPartitions("time", "seq", "event_id", "rule")
+        .mapInArrow(_process_partition(rules, rules.input.allowed_lateness_ms), UNION_DDL)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+
+
+def _count_outputs(tables: Mapping[str, DataFrame]) -> DataFrame:
+    """One aggregate over the outputs: rows per output and reason, latency percentiles."""
+    from pyspark.sql import functions as F
+
+    def part(name: str, k: str, outcome: bool, reason: bool, latency: bool) -> DataFrame:
+        return tables[name].select(
+            F.lit(k).alias("k"),
+            F.col("outcome") if outcome else F.lit(None).cast("string").alias("outcome"),
+            F.col("reason") if reason else F.lit(None).cast("string").alias("reason"),
+            F.col("latency_ms") if latency else F.lit(None).cast("long").alias("latency_ms"),
+        )
+
+    counted = (
+        part("outcomes", "o", True, False, True)
+        .unionByName(part("unmatched", "u", False, True, False))
+        .unionByName(part("buffered", "b", False, False, False))
+        .unionByName(part("rejected", "r", False, True, False))
+    )
+    group = (
+        F.when(F.col("k") == "o", F.concat(F.lit("o:"), F.col("outcome")))
+        .when(F.col("k") == "u", F.concat(F.lit("u:"), F.col("reason")))
+        .otherwise(F.col("k"))
+    )
+    return counted.groupBy(
+        group.alias("g"), F.when(F.col("k") == "r", F.col("reason")).alias("r")
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.percentile(F.col("latency_ms"), F.array(*[F.lit(q) for q in (0.5, 0.9, 0.99)])).alias(
+            "p"
+        ),
+    )
+
+
+def _write_outputs(tables: Mapping[str, DataFrame], out: Path, output_format: str) -> list[Any]:
+    """Write the four outputs and collect :func:`_count_outputs`; return its rows.
+
+    The writes and the aggregate only read the persisted rows: submitted
+    together, their fixed costs overlap.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(tables) + 1) as pool:
+        writes = [
+            pool.submit(_write, frame, str(out / name), output_format)
+            for name, frame in tables.items()
+        ]
+        rows = pool.submit(_count_outputs(tables).collect).result()
+        for future in writes:
+            future.result()
+    return rows
+
+
 def run_job(
     spark: SparkSession,
     rules: Rules,
@@ -635,33 +886,11 @@ def run_job(
     rows in memory; the outputs and the summary are then small jobs over those
     rows, run concurrently.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
-    if output_format not in ("parquet", "csv", "json"):
-        raise ValueError(f"output format must be parquet, csv or json, got {output_format!r}")
-    if partitions is None:
-        partitions = spark.sparkContext.defaultParallelism
-    if type(partitions) is not int or partitions < 1:
-        raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
-    if max_future_ms is not None and (type(max_future_ms) is not int or max_future_ms < 0):
-        raise ValueError(f"max_future_ms must be an int >= 0 or None, got {max_future_ms!r}")
+    partitions = _check_options(spark, partitions, output_format, max_future_ms)
     if now_ms is None:
         now_ms = int(time.time() * 1000)
     future_limit = None if max_future_ms is None else now_ms + max_future_ms
-    say: Progress = progress if progress is not None else (lambda _msg: None)
-    started = time.perf_counter()
-    phases: dict[str, float] = {}
-    mark = [started]
-
-    def phase(name: str, message: str) -> None:
-        now = time.perf_counter()
-        phases[name] = round(now - mark[0], 3)
-        mark[0] = now
-        say(f"[{now - started:7.1f}s] {message}")
-
+    phases = _Phases(progress if progress is not None else (lambda _msg: None))
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = resolve_inputs(input_path, rules.input.format)
@@ -669,147 +898,41 @@ def run_job(
     spark = job_session(
         spark, {**JOB_SQL_SETTINGS, "spark.sql.shuffle.partitions": str(max(partitions, 2))}
     )
-    stop_watch = threading.Event()
-    watcher = threading.Thread(
-        target=_watch_stages,
-        args=(spark, say, started, stop_watch),
-        name="tickwheel-progress",
-        daemon=True,
-    )
-    if progress is not None:
-        watcher.start()
-    say(f"[    0.0s] reading {len(files)} {rules.input.format} file(s) from {input_path}")
-    try:
-        # A file listed, then removed before it was read: one rejected row.
-        present = [f for f in files if os.path.exists(f)]
-        parsed = parse_records(read_records(spark, present, rules), rules, future_limit)
-        if len(present) < len(files):
-            gone = [f for f in files if f not in set(present)]
-            parsed = parsed.unionByName(_missing_file_rows(spark, parsed, gone))
-        rows = _rows_for_processor(_classify(parsed, rules), rules)
-        results = (
-            rows.repartition(partitions, "rule", "key")
-            .sortWithinPartitions("time", "seq", "event_id", "rule")
-            .mapInArrow(_process_partition(rules, lateness), UNION_DDL)
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
+    phases.line(f"reading {len(files)} {rules.input.format} file(s) from {input_path}")
+    with _stage_progress(spark, phases, on=progress is not None):
+        results = _purgatory_rows(spark, rules, files, partitions, future_limit)
         try:
-            stats_rows = [json.loads(r["s"]) for r in results.filter(F.col("k") == "s").collect()]
-            tops = [s["max_time"] for s in stats_rows if s["max_time"] is not None]
-            max_time = max(tops) if tops else None
-            watermark = None if max_time is None else max_time - lateness
-            loop_events = sum(s["events"] for s in stats_rows)
-            loop_s = sum(s["loop_seconds"] for s in stats_rows)
-            loop_cpu = sum(s["loop_cpu_seconds"] for s in stats_rows)
-            udf_s = sum(s["udf_seconds"] for s in stats_rows)
-            duplicates = sum(s["duplicates"] for s in stats_rows)
-            ignored = sum(s["ignored"] for s in stats_rows)
-            phase(
+            loop = _LoopStats.collect(results)
+            watermark = None if loop.max_time is None else loop.max_time - lateness
+            phases.end(
                 "read_dedup_purgatory",
-                f"parsed and deduplicated ({duplicates:,} duplicates, {ignored:,} ignored); ran "
-                f"{len(stats_rows)} partition(s) through the purgatory: {loop_events:,} rule "
-                f"events, loop {loop_events / loop_cpu if loop_cpu else 0:,.0f} events/s per "
-                f"core; watermark {watermark}",
+                f"parsed and deduplicated ({loop.duplicates:,} duplicates, {loop.ignored:,} "
+                f"ignored); ran {loop.partitions} partition(s) through the purgatory: "
+                f"{loop.events:,} rule events, loop {loop.rate():,.0f} events/s per core; "
+                f"watermark {watermark}",
             )
             tables = _finalise(results, rules, watermark)
-            group = (
-                F.when(F.col("k") == "o", F.concat(F.lit("o:"), F.col("outcome")))
-                .when(F.col("k") == "u", F.concat(F.lit("u:"), F.col("reason")))
-                .otherwise(F.col("k"))
-            )
-            counted = (
-                tables["outcomes"]
-                .select(
-                    F.lit("o").alias("k"),
-                    "outcome",
-                    F.lit(None).cast("string").alias("reason"),
-                    "latency_ms",
-                )
-                .unionByName(
-                    tables["unmatched"].select(
-                        F.lit("u").alias("k"),
-                        F.lit(None).cast("string").alias("outcome"),
-                        "reason",
-                        F.lit(None).cast("long").alias("latency_ms"),
-                    )
-                )
-                .unionByName(
-                    tables["buffered"].select(
-                        F.lit("b").alias("k"),
-                        F.lit(None).cast("string").alias("outcome"),
-                        F.lit(None).cast("string").alias("reason"),
-                        F.lit(None).cast("long").alias("latency_ms"),
-                    )
-                )
-                .unionByName(
-                    tables["rejected"].select(
-                        F.lit("r").alias("k"),
-                        F.lit(None).cast("string").alias("outcome"),
-                        "reason",
-                        F.lit(None).cast("long").alias("latency_ms"),
-                    )
-                )
-            )
-            stats_job = counted.groupBy(
-                group.alias("g"), F.when(F.col("k") == "r", F.col("reason")).alias("r")
-            ).agg(
-                F.count(F.lit(1)).alias("n"),
-                F.percentile(
-                    F.col("latency_ms"), F.array(*[F.lit(q) for q in (0.5, 0.9, 0.99)])
-                ).alias("p"),
-            )
-            # The four writes and the summary's aggregate only read the cached
-            # rows: submitted together, their fixed costs overlap.
-            with ThreadPoolExecutor(max_workers=len(tables) + 1) as pool:
-                pending_writes = [
-                    pool.submit(_write, frame, str(out / name), output_format)
-                    for name, frame in tables.items()
-                ]
-                group_rows = pool.submit(stats_job.collect).result()
-                for future in pending_writes:
-                    future.result()
+            counts = _OutputCounts.of(_write_outputs(tables, out, output_format))
         finally:
             results.unpersist()
-    finally:
-        stop_watch.set()
-        if watcher.is_alive():
-            watcher.join(timeout=10)
-    outcome_counts: dict[str, int] = {}
-    unmatched_counts: dict[str, int] = {}
-    rejected_by_reason: dict[str, int] = {}
-    latency: dict[str, Any] = {}
-    n_buffered = 0
-    for row in group_rows:
-        g, n = row["g"], row["n"]
-        if g.startswith("o:"):
-            outcome = g[2:]
-            outcome_counts[outcome] = n
-            if outcome != "pending":
-                p = row["p"]
-                latency[outcome] = None if p is None else {"p50": p[0], "p90": p[1], "p99": p[2]}
-        elif g.startswith("u:"):
-            unmatched_counts[g[2:]] = n
-        elif g == "b":
-            n_buffered = n
-        elif g == "r":
-            rejected_by_reason[row["r"]] = n
-    n_rejected = sum(rejected_by_reason.values())
-    conflicts = rejected_by_reason.get("conflict", 0)
-    far_future = rejected_by_reason.get("far_future", 0)
-    events = sum(s["kept"] for s in stats_rows) + ignored
-    records = events + duplicates + n_rejected
-    phase(
+    n_rejected = sum(counts.rejected.values())
+    conflicts = counts.rejected.get("conflict", 0)
+    far_future = counts.rejected.get("far_future", 0)
+    events = loop.kept + loop.ignored
+    records = events + loop.duplicates + n_rejected
+    phases.end(
         "write",
         f"wrote rejected/ ({n_rejected:,} records, {conflicts:,} conflicts), outcomes/ ("
-        + ", ".join(f"{k} {v:,}" for k, v in sorted(outcome_counts.items()))
-        + f"), unmatched/ ({sum(unmatched_counts.values()):,}) and buffered/ ({n_buffered:,})",
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.outcomes.items()))
+        + f"), unmatched/ ({sum(counts.unmatched.values()):,}) and buffered/ "
+        f"({counts.buffered:,})",
     )
     if far_future:
-        say(
-            f"[{time.perf_counter() - started:7.1f}s] rejected {far_future:,} far_future "
-            f"record(s): event time after {_iso_ms(future_limit)} (--max-future; 'off' to accept)"
+        phases.line(
+            f"rejected {far_future:,} far_future record(s): event time after "
+            f"{_iso_ms(future_limit)} (--max-future; 'off' to accept)"
         )
-    job_s = time.perf_counter() - started
+    job_s = phases.elapsed()
     summary: dict[str, Any] = {
         "input": input_path,
         "input_files": len(files),
@@ -820,38 +943,27 @@ def run_job(
         "allowed_lateness_ms": lateness,
         "max_future_ms": max_future_ms,
         "far_future_after_ms": future_limit,
-        "max_event_time": max_time,
+        "max_event_time": loop.max_time,
         "watermark": watermark,
         "counts": {
             "records": records,
             "rejected": n_rejected,
-            "rejected_by_reason": dict(sorted(rejected_by_reason.items())),
-            "duplicates": duplicates,
+            "rejected_by_reason": dict(sorted(counts.rejected.items())),
+            "duplicates": loop.duplicates,
             "conflicts": conflicts,
             "events": events,
-            "ignored": ignored,
-            "rule_events": loop_events,
-            "buffered": n_buffered,
-            "outcomes": dict(sorted(outcome_counts.items())),
-            "unmatched": dict(sorted(unmatched_counts.items())),
+            "ignored": loop.ignored,
+            "rule_events": loop.events,
+            "buffered": counts.buffered,
+            "outcomes": dict(sorted(counts.outcomes.items())),
+            "unmatched": dict(sorted(counts.unmatched.items())),
         },
-        "latency_ms": dict(sorted(latency.items())),
+        "latency_ms": dict(sorted(counts.latency.items())),
         "seconds": round(job_s, 3),
-        "phases_seconds": phases,
+        "phases_seconds": phases.seconds,
         "events_per_s": round(records / job_s, 1) if job_s else None,
-        "loop": {
-            "events": loop_events,
-            "seconds": round(loop_s, 3),
-            "cpu_seconds": round(loop_cpu, 3),
-            "events_per_s": round(loop_events / loop_cpu, 1) if loop_cpu else None,
-            "events_per_wall_s": round(loop_events / loop_s, 1) if loop_s else None,
-            "udf_seconds": round(udf_s, 3),
-            "note": (
-                "per-partition purgatory loop measured inside mapInArrow; events_per_s is "
-                "per core (events / CPU seconds of the loop), events_per_wall_s uses wall time"
-            ),
-        },
+        "loop": loop.summary(),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    say(f"[{job_s:7.1f}s] done: {records:,} records, {summary['events_per_s']:,} records/s")
+    phases.line(f"done: {records:,} records, {summary['events_per_s']:,} records/s")
     return summary
