@@ -29,7 +29,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,6 @@ from .events import (
 from .rules import KIND_CANCEL, KIND_COMPLETE, KIND_OPEN, Rules
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
@@ -216,197 +216,12 @@ def _watch_stages(
             last = line
 
 
-# Record classes after dedup (column ``c`` of the frame that enters mapInArrow).
-C_EVENT = 0  # kept event of a type some rule uses: one row per such rule
+# Record classes after dedup (column ``c`` of the classified records).
+C_EVENT = 0  # kept event of a type some rule uses: its rules' events
 C_IGNORED = 1  # kept event of a type no rule uses: counted, its time raises the watermark
 C_DUPLICATE = 2  # a copy with the kept record's content: counted only
 C_CONFLICT = 3  # a copy with other content: rejected, reason "conflict"
 C_REJECTED = 4  # invalid record: rejected with its reason
-
-_PROC_COLUMNS = ("rule", "key", "time", "seq", "event_id", "kind", "event_type")
-
-
-def _process_partition(
-    rules: Rules, lateness_ms: int
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function: one :class:`_PartitionRun` per partition.
-
-    The global watermark is not known yet when this runs (it is the largest
-    kept event time of all partitions), so every event is applied and the
-    driver finalises the rows afterwards with the watermark ``W`` (see
-    :func:`_finalise`). That is exact because a partition applies its events in
-    time order: everything at or below ``W`` happens exactly as in a run that
-    stops at ``W``. To let the driver find the events above ``W`` (the
-    ``buffered`` output), the events above this partition's own lower bound of
-    ``W`` (its largest event time minus the lateness) are also yielded, as
-    ``k="b"`` rows. Non-event rows (``c`` > 0) are counted here; rejected and
-    conflicting records pass through as ``k="r"`` rows without a Python loop.
-    """
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        partition = _PartitionRun(rules, lateness_ms)
-        try:
-            for batch in batches:
-                events = yield from partition.pass_through(batch)
-                if events.num_rows:
-                    yield from partition.apply(events)
-            yield from partition.finish()
-        finally:
-            partition.proc.close()
-
-    return run
-
-
-class _PartitionRun:
-    """One partition of the batch job: its processor, counters and timings."""
-
-    def __init__(self, rules: Rules, lateness_ms: int) -> None:
-        import pyarrow as pa
-
-        from .core import PartitionProcessor
-
-        self.started = time.perf_counter()
-        self.pa, self.schema = pa, _union_schema(pa)
-        self.lateness_ms = lateness_ms
-        self.proc = PartitionProcessor(rules)
-        self.loop_s = 0.0  # wall time of the loop
-        self.loop_cpu = 0.0  # CPU time of this thread in the loop: robust to a busy machine
-        self.events = self.kept = self.duplicates = self.ignored = 0
-        self.max_time: int | None = None  # the largest kept event time seen here
-        self.tail: list[Any] = []  # event batches that may hold events above the watermark
-
-    def _saw(self, top: int) -> None:
-        self.max_time = top if self.max_time is None else max(self.max_time, top)
-
-    def pass_through(self, batch: Any) -> Generator[Any, None, Any]:
-        """Count the batch's non-event rows and yield its rejected ones; return its events."""
-        import pyarrow.compute as pc  # type: ignore[import-untyped]
-
-        cls = batch.column("c")
-        if pc.all(pc.equal(cls, C_EVENT)).as_py():
-            return batch
-        other = batch.filter(pc.not_equal(cls, C_EVENT))
-        codes = other.column("c")
-        self.duplicates += pc.sum(pc.equal(codes, C_DUPLICATE)).as_py() or 0
-        is_ignored = pc.equal(codes, C_IGNORED)
-        n_ignored = pc.sum(is_ignored).as_py() or 0
-        if n_ignored:
-            self.ignored += n_ignored
-            self._saw(pc.max(pc.filter(other.column("time"), is_ignored)).as_py())
-        rej = other.filter(pc.greater_equal(codes, C_CONFLICT))
-        if rej.num_rows:
-            yield _batch(self.pa, self.schema, "r", self.pa.nulls(rej.num_rows, self.pa.int32()),
-                         None, rej.column("event_id"), None, None, rej.column("reason"), None,
-                         rej.column("raw"), raw_bytes=rej.column("raw_bytes"))  # fmt: skip
-        return batch.filter(pc.equal(cls, C_EVENT))
-
-    def apply(self, ev: Any) -> Iterator[Any]:
-        """Run one batch of (sorted) events through the processor; yield its outcomes."""
-        import pyarrow.compute as pc
-
-        from .core import cyclic_gc_paused
-
-        self.kept += pc.sum(pc.equal(ev.column("p"), 0)).as_py() or 0
-        # The collector stays off from the columns' conversion to the
-        # outcomes' batch, so it runs between batches, not within them:
-        # see cyclic_gc_paused for why, and for what it costs otherwise.
-        with cyclic_gc_paused():
-            cols = [ev.column(name).to_pylist() for name in _PROC_COLUMNS]
-            t, c = time.perf_counter(), time.thread_time()
-            self.proc.process(zip(*cols, strict=True))
-            self.loop_s += time.perf_counter() - t
-            self.loop_cpu += time.thread_time() - c
-            outcomes = self.proc.take_outcomes()
-            out = (
-                _outcome_batch(self.pa, self.schema, outcomes, pending=False) if outcomes else None
-            )
-        self.events += ev.num_rows
-        top = cols[2][-1]  # events come sorted by time
-        self._saw(top)
-        self.tail.append(ev)
-        while self.tail and self.tail[0].column("time")[-1].as_py() <= top - self.lateness_ms:
-            self.tail.pop(0)
-        if out is not None:
-            yield out
-
-    def finish(self) -> Iterator[Any]:
-        """Yield the pending operations, the unmatched events, the events that may be
-        buffered, and the partition's statistics row."""
-        import pyarrow.compute as pc
-
-        pa, schema = self.pa, self.schema
-        pending = self.proc.pending_operations()
-        if pending:
-            yield _outcome_batch(pa, schema, pending, pending=True)
-        unmatched = self.proc.take_unmatched()
-        if unmatched:
-            rule, key, event_id, event_type, event_time, reason = zip(*unmatched, strict=True)
-            yield _batch(
-                pa, schema, "u", rule, key, event_id, event_time, None, reason, None, event_type
-            )
-        if self.tail and self.max_time is not None:
-            floor = self.max_time - self.lateness_ms
-            for ev in self.tail:
-                above = ev.filter(pc.greater(ev.column("time"), floor))
-                if above.num_rows:
-                    yield _batch(pa, schema, "b", above.column("rule"), above.column("key"),
-                                 above.column("event_id"), above.column("time"),
-                                 above.column("seq"), None, None,
-                                 above.column("event_type"))  # fmt: skip
-        stats = {
-            "events": self.events,
-            "kept": self.kept,
-            "duplicates": self.duplicates,
-            "ignored": self.ignored,
-            "max_time": self.max_time,
-            "loop_seconds": self.loop_s,
-            "loop_cpu_seconds": self.loop_cpu,
-            "udf_seconds": time.perf_counter() - self.started,
-        }
-        yield _batch(pa, schema, "s", [0], [None], [None], [None], [None], [json.dumps(stats)],
-                     [None], [None])  # fmt: skip
-
-
-def _union_schema(pa: Any) -> Any:
-    return pa.schema(
-        [
-            ("k", pa.string()),
-            ("rule", pa.int32()),
-            ("key", pa.string()),
-            ("id", pa.string()),
-            ("t0", pa.int64()),
-            ("t1", pa.int64()),
-            ("s", pa.string()),
-            ("t2", pa.int64()),
-            ("ref", pa.string()),
-            ("raw_bytes", pa.binary()),
-        ]
-    )
-
-
-def _batch(pa: Any, schema: Any, k: str, rule: Any, key: Any, id_: Any, t0: Any, t1: Any,
-           s: Any, t2: Any, ref: Any, raw_bytes: Any = None) -> Any:  # fmt: skip
-    n = len(rule)
-    arrays = []
-    values = (rule, key, id_, t0, t1, s, t2, ref, raw_bytes)
-    for value, column in zip(values, list(schema)[1:], strict=True):
-        if value is None:
-            arrays.append(pa.nulls(n, column.type))
-        elif isinstance(value, pa.Array):  # an input column passed through: no Python loop
-            arrays.append(value if value.type == column.type else value.cast(column.type))
-        else:
-            arrays.append(pa.array(value, column.type))
-    return pa.RecordBatch.from_arrays([pa.array([k] * n, pa.string()), *arrays], schema=schema)
-
-
-def _outcome_batch(pa: Any, schema: Any, rows: list[Any], pending: bool) -> Any:
-    if pending:
-        rule, key, op_id, opened, deadline = zip(*rows, strict=True)
-        return _batch(
-            pa, schema, "o", rule, key, op_id, opened, deadline, ["pending"] * len(rule), None, None
-        )
-    rule, key, op_id, opened, deadline, outcome, at, ref = zip(*rows, strict=True)
-    return _batch(pa, schema, "o", rule, key, op_id, opened, deadline, outcome, at, ref)
 
 
 def _missing_file_rows(spark: SparkSession, parsed: DataFrame, paths: list[str]) -> DataFrame:
@@ -435,29 +250,30 @@ def _rule_name(rules: Rules) -> Any:
 def _classify(parsed: DataFrame, rules: Rules) -> DataFrame:
     """Deduplicate by event id and give each record its class ``c`` (``C_*``).
 
-    One window over every record, so the input is read and parsed once: valid
-    records (reason null) are ranked per event id by (time, sequence, raw text);
-    invalid ones fall in windows of their own reason and are all rejected. Raw
-    text is kept only where an output needs it (rejected records).
+    One window over every record (:func:`._dedup.rank_copies`), so the input is
+    read and parsed once: valid records (reason null) are ranked per event id
+    by (time, sequence, raw text); invalid ones fall in windows of their own
+    reason and are all rejected. Raw text is kept only where an output needs
+    it (rejected records). Lazy.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from ._dedup import rank_copies
+
     key_cols = [key_column(i) for i in range(len(rules.key_fields))]
-    content = F.struct("event_type", "time", "seq", *key_cols)
-    window = Window.partitionBy("reason", "event_id").orderBy("time", "seq", "raw")
-    ranked = parsed.select(
-        "*",
-        F.row_number().over(window).alias("rn"),
-        F.first(content).over(window).alias("kept"),
+    ranked = rank_copies(
+        parsed,
+        by=["reason", "event_id"],
+        order=["time", "seq", "raw"],
+        content=["event_type", "time", "seq", *key_cols],
     )
     cls = (
         F.when(F.col("reason").isNotNull(), F.lit(C_REJECTED))
         .when(
-            F.col("rn") == 1,
+            F.col("_rn") == 1,
             F.when(F.col("relevant"), F.lit(C_EVENT)).otherwise(F.lit(C_IGNORED)),
         )
-        .when(F.col("kept") == content, F.lit(C_DUPLICATE))
+        .when(F.col("_same"), F.lit(C_DUPLICATE))
         .otherwise(F.lit(C_CONFLICT))
     )
     text, exact = raw_text_columns(F.col("raw"))
@@ -474,18 +290,16 @@ def _classify(parsed: DataFrame, rules: Rules) -> DataFrame:
     )
 
 
-def _rows_for_processor(classified: DataFrame, rules: Rules) -> DataFrame:
-    """One row per (kept event, rule that uses its type), one per other record.
+def _rule_events(classified: DataFrame, rules: Rules) -> DataFrame:
+    """The kept events as the processor takes them: one row per (event, rule using its type).
 
-    Columns: rule, key, time, seq, event_id, kind, event_type (what the
-    processor takes) and c, p (0 on the first row of an event: counts events
-    once), reason, raw. A record that is not a rule event gets
-    ``rule = -1`` and its event id as key, so those rows spread over the
-    partitions too.
+    Columns :data:`~._batch_partition.EVENT_COLUMNS`: rule (index), key,
+    time, seq, event_id, kind, event_type. Lazy.
     """
     from pyspark.sql import functions as F
 
     key_index = {name: i for i, name in enumerate(rules.key_fields)}
+    events = classified.where(F.col("c") == C_EVENT)
 
     def kind_of(rule_index: int) -> Any:
         rule = rules.rules[rule_index]
@@ -495,20 +309,10 @@ def _rows_for_processor(classified: DataFrame, rules: Rules) -> DataFrame:
             .otherwise(F.lit(KIND_CANCEL))
         )
 
-    is_event = F.col("c") == C_EVENT
     if len(rules.rules) == 1:
-        rule_col = F.when(is_event, F.lit(0)).otherwise(F.lit(-1))
-        key_col = F.when(is_event, F.col(key_column(key_index[rules.rules[0].key]))).otherwise(
-            F.col("event_id")
-        )
-        kind_col = F.when(is_event, kind_of(0)).otherwise(F.lit(-1))
-        frame = classified.select(
-            "*",
-            rule_col.alias("_r"),
-            key_col.alias("_k"),
-            kind_col.alias("_i"),
-            F.lit(0).alias("_p"),
-        )
+        rule_col, kind_col = F.lit(0), kind_of(0)
+        key_col = F.col(key_column(key_index[rules.rules[0].key]))
+        frame = events
     else:
         # One entry per rule that uses the type; explode is a single pass, unlike
         # a union of one filtered copy per rule.
@@ -523,28 +327,18 @@ def _rows_for_processor(classified: DataFrame, rules: Rules) -> DataFrame:
             )
             for index, rule in enumerate(rules.rules)
         ]
-        other = F.array(
-            F.struct(F.lit(-1).alias("r"), F.col("event_id").alias("k"), F.lit(-1).alias("i"))
+        frame = events.select(
+            "*", F.explode(F.filter(F.array(*entries), lambda e: e.isNotNull())).alias("_e")
         )
-        chosen = F.when(is_event, F.filter(F.array(*entries), lambda e: e.isNotNull())).otherwise(
-            other
-        )
-        frame = classified.select("*", F.posexplode(chosen).alias("_p", "_e")).select(
-            "*", F.col("_e.r").alias("_r"), F.col("_e.k").alias("_k"), F.col("_e.i").alias("_i")
-        )
+        rule_col, key_col, kind_col = F.col("_e.r"), F.col("_e.k"), F.col("_e.i")
     return frame.select(
-        F.col("_r").cast("int").alias("rule"),
-        F.col("_k").alias("key"),
+        rule_col.cast("int").alias("rule"),
+        key_col.alias("key"),
         "time",
         "seq",
         "event_id",
-        F.col("_i").cast("int").alias("kind"),
+        kind_col.cast("int").alias("kind"),
         "event_type",
-        "c",
-        F.col("_p").cast("int").alias("p"),
-        "reason",
-        "raw",
-        "raw_bytes",
     )
 
 
@@ -577,60 +371,55 @@ def text_columns(frame: DataFrame) -> DataFrame:
     )
 
 
-def _finalise(results: DataFrame, rules: Rules, watermark: int | None) -> dict[str, DataFrame]:
-    """The outputs from mapInArrow's rows, given the global watermark ``W``.
+def _outputs(
+    classified: DataFrame, rows: DataFrame, rules: Rules, watermark: int | None
+) -> dict[str, DataFrame]:
+    """The four output tables, given the global watermark ``W``. Lazy.
 
-    The partitions applied every event (the watermark was not known yet); a run
-    that stops at ``W`` differs only above it, so:
-
-    * an operation opened above ``W`` does not exist yet (its event is buffered);
-    * one resolved above ``W`` (by an event, or its deadline) is still ``pending``;
-    * one still pending whose deadline is at or before ``W`` has expired then;
-    * an unmatched event above ``W`` is buffered, not unmatched;
-    * the ``b`` rows above ``W`` are the buffered events.
+    ``rows`` (the partitions' final rows) give ``outcomes`` and ``unmatched``;
+    ``rejected`` and ``buffered`` (the events above ``W``, which no partition
+    applied) come from the classified records, with no Python step.
     """
     from pyspark.sql import functions as F
 
-    w = F.lit(watermark).cast("long")
+    from ._batch_partition import K_OUTCOME, K_UNMATCHED
+
     name = _rule_name(rules)
-    k, s, t0, t1, t2 = F.col("k"), F.col("s"), F.col("t0"), F.col("t1"), F.col("t2")
-    expires = (s == "pending") & (t1 <= w)
-    reopened = (s != "pending") & (t2 > w)
-    resolved_at = F.when(expires, t1).when(reopened, F.lit(None).cast("long")).otherwise(t2)
-    outcomes = results.filter((k == "o") & (t0 <= w)).select(
+    k, t0, t2 = F.col("k"), F.col("t0"), F.col("t2")
+    outcomes = rows.where(k == K_OUTCOME).select(
         name.alias("rule"),
         "key",
         F.col("id").alias("op_id"),
         t0.alias("opened_at"),
-        t1.alias("deadline"),
-        F.when(expires, F.lit("expired"))
-        .when(reopened, F.lit("pending"))
-        .otherwise(s)
-        .alias("outcome"),
-        resolved_at.alias("resolved_at"),
-        (resolved_at - t0).alias("latency_ms"),
-        F.when(reopened, F.lit(None).cast("string"))
-        .otherwise(F.col("ref"))
-        .alias("resolve_event_id"),
+        F.col("t1").alias("deadline"),
+        F.col("s").alias("outcome"),
+        t2.alias("resolved_at"),
+        (t2 - t0).alias("latency_ms"),
+        F.col("ref").alias("resolve_event_id"),
     )
-    unmatched = results.filter((k == "u") & (t0 <= w)).select(
+    unmatched = rows.where(k == K_UNMATCHED).select(
         name.alias("rule"),
         "key",
         F.col("id").alias("event_id"),
         F.col("ref").alias("event_type"),
         t0.alias("event_time"),
-        s.alias("reason"),
+        F.col("s").alias("reason"),
     )
-    buffered = results.filter((k == "b") & (t0 > w)).select(
-        name.alias("rule"),
-        "key",
-        F.col("id").alias("event_id"),
-        F.col("ref").alias("event_type"),
-        t0.alias("event_time"),
-        t1.alias("seq"),
+    above = F.lit(True) if watermark is None else F.col("time") > F.lit(watermark)
+    buffered = (
+        _rule_events(classified, rules)
+        .where(above)
+        .select(
+            name.alias("rule"),
+            "key",
+            "event_id",
+            "event_type",
+            F.col("time").alias("event_time"),
+            "seq",
+        )
     )
-    rejected = results.filter(k == "r").select(
-        F.col("id").alias("event_id"), s.alias("reason"), F.col("ref").alias("raw"), "raw_bytes"
+    rejected = classified.where(F.col("c") >= C_CONFLICT).select(
+        "event_id", "reason", "raw", "raw_bytes"
     )
     return {
         "outcomes": outcomes,
@@ -663,92 +452,100 @@ class _Phases:
 
 
 @dataclass(frozen=True)
+class _RecordCounts:
+    """What the classified records hold: rows per class, rejects per reason, the max time."""
+
+    kept: int  # kept events some rule uses
+    ignored: int
+    duplicates: int
+    rejected: dict[str, int]
+    max_time: int | None  # the largest kept event time: the watermark's base
+
+    @classmethod
+    def collect(cls, classified: DataFrame) -> _RecordCounts:
+        """One aggregate over the classified records (the first action on them)."""
+        from pyspark.sql import functions as F
+
+        kept = F.col("c").isin(C_EVENT, C_IGNORED)
+        rows = (
+            classified.groupBy("c", F.when(F.col("c") >= C_CONFLICT, F.col("reason")).alias("r"))
+            .agg(F.count(F.lit(1)).alias("n"), F.max(F.when(kept, F.col("time"))).alias("top"))
+            .collect()
+        )
+        by_class = Counter[int]()
+        rejected: dict[str, int] = {}
+        tops = []
+        for row in rows:
+            by_class[row["c"]] += row["n"]
+            if row["c"] >= C_CONFLICT:
+                rejected[row["r"]] = rejected.get(row["r"], 0) + row["n"]
+            if row["top"] is not None:
+                tops.append(row["top"])
+        return cls(
+            kept=by_class[C_EVENT],
+            ignored=by_class[C_IGNORED],
+            duplicates=by_class[C_DUPLICATE],
+            rejected=dict(sorted(rejected.items())),
+            max_time=max(tops) if tops else None,
+        )
+
+
+@dataclass(frozen=True)
 class _LoopStats:
-    """The partitions' own counters (their ``k="s"`` rows), summed."""
+    """The partitions' own counters (their ``K_STATS`` rows), summed."""
 
     partitions: int
-    max_time: int | None
     events: int
-    kept: int
-    duplicates: int
-    ignored: int
+    outcomes: dict[str, int]
+    unmatched: dict[str, int]
     loop_s: float
     loop_cpu: float
     udf_s: float
 
     @classmethod
-    def collect(cls, results: DataFrame) -> _LoopStats:
+    def collect(cls, rows: DataFrame) -> _LoopStats:
+        """The stats rows of the partitions (the first action on ``rows``)."""
         from pyspark.sql import functions as F
 
-        rows = [json.loads(r["s"]) for r in results.filter(F.col("k") == "s").collect()]
-        tops = [s["max_time"] for s in rows if s["max_time"] is not None]
+        from ._batch_partition import K_STATS
+
+        stats = [json.loads(r["s"]) for r in rows.where(F.col("k") == K_STATS).collect()]
+        outcomes: Counter[str] = Counter()
+        unmatched: Counter[str] = Counter()
+        for s in stats:
+            outcomes.update(s["outcomes"])
+            unmatched.update(s["unmatched"])
         return cls(
-            partitions=len(rows),
-            max_time=max(tops) if tops else None,
-            **{
-                name: sum(s[key] for s in rows)
-                for name, key in (
-                    ("events", "events"),
-                    ("kept", "kept"),
-                    ("duplicates", "duplicates"),
-                    ("ignored", "ignored"),
-                    ("loop_s", "loop_seconds"),
-                    ("loop_cpu", "loop_cpu_seconds"),
-                    ("udf_s", "udf_seconds"),
-                )
-            },
+            partitions=len(stats),
+            events=sum(s["events"] for s in stats),
+            outcomes=dict(sorted(outcomes.items())),
+            unmatched=dict(sorted(unmatched.items())),
+            loop_s=sum(s["loop_seconds"] for s in stats),
+            loop_cpu=sum(s["loop_cpu_seconds"] for s in stats),
+            udf_s=sum(s["udf_seconds"] for s in stats),
         )
 
     def rate(self) -> float:
         """Events per CPU second of the loop (per core)."""
         return self.events / self.loop_cpu if self.loop_cpu else 0.0
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, buffered: int) -> dict[str, Any]:
+        """The summary's ``loop`` entry; ``buffered`` rule events were held above the watermark."""
         return {
-            "events": self.events,
+            "events": self.events + buffered,
+            "applied": self.events,
             "seconds": round(self.loop_s, 3),
             "cpu_seconds": round(self.loop_cpu, 3),
             "events_per_s": round(self.rate(), 1) if self.loop_cpu else None,
             "events_per_wall_s": round(self.events / self.loop_s, 1) if self.loop_s else None,
             "udf_seconds": round(self.udf_s, 3),
             "note": (
-                "per-partition purgatory loop measured inside mapInArrow; events_per_s is "
-                "per core (events / CPU seconds of the loop), events_per_wall_s uses wall time"
+                "per-partition purgatory loop measured inside mapInArrow: events counts the "
+                "run's rule events, applied those at or below the watermark, which the loop "
+                "ran; events_per_s is per core (applied / CPU seconds of the loop), "
+                "events_per_wall_s uses wall time"
             ),
         }
-
-
-@dataclass
-class _OutputCounts:
-    """Rows per output and reason, and exact latency percentiles per outcome."""
-
-    outcomes: dict[str, int] = field(default_factory=dict)
-    unmatched: dict[str, int] = field(default_factory=dict)
-    rejected: dict[str, int] = field(default_factory=dict)
-    latency: dict[str, Any] = field(default_factory=dict)
-    buffered: int = 0
-
-    @classmethod
-    def of(cls, rows: list[Any]) -> _OutputCounts:
-        """From the rows of :func:`_count_outputs`' aggregate."""
-        counts = cls()
-        for row in rows:
-            group, n = row["g"], row["n"]
-            if group.startswith("o:"):
-                outcome = group[2:]
-                counts.outcomes[outcome] = n
-                if outcome != "pending":
-                    p = row["p"]
-                    counts.latency[outcome] = (
-                        None if p is None else {"p50": p[0], "p90": p[1], "p99": p[2]}
-                    )
-            elif group.startswith("u:"):
-                counts.unmatched[group[2:]] = n
-            elif group == "b":
-                counts.buffered = n
-            elif group == "r":
-                counts.rejected[row["r"]] = n
-        return counts
 
 
 def _check_options(
@@ -786,13 +583,23 @@ def _stage_progress(spark: SparkSession, phases: _Phases, on: bool) -> Iterator[
             watcher.join(timeout=10)
 
 
-def _purgatory_rows(
-    spark: SparkSession, rules: Rules, files: list[str], partitions: int, future_limit: int | None
-) -> DataFrame:
-    """Steps 1–5, one Spark job: read, validate, dedup, repartition, sort, mapInArrow.
+def _described(spark: SparkSession, text: str, action: Callable[[], Any]) -> Any:
+    """Run ``action`` with ``text`` as its Spark jobs' description (as the UI shows it).
 
-    The rows are persisted: the caller unpersists them.
+    The description is a property of the calling thread, so concurrent
+    actions, each in its own thread, keep their own.
     """
+    spark.sparkContext.setJobDescription(f"tickwheel batch: {text}")
+    try:
+        return action()
+    finally:
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+
+
+def _classified_records(
+    spark: SparkSession, rules: Rules, files: list[str], future_limit: int | None
+) -> DataFrame:
+    """Steps 1–2: read, validate and deduplicate every record. Persisted: the caller unpersists."""
     from pyspark import StorageLevel
 
     # A file listed, then removed before it was read: one rejected row.
@@ -801,65 +608,83 @@ def _purgatory_rows(
     if len(present) < len(files):
         gone = [f for f in files if f not in set(present)]
         parsed = parsed.unionByName(_missing_file_rows(spark, parsed, gone))
-    rows = _rows_for_processor(_classify(parsed, rules), rules)
+    return _classify(parsed, rules).persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def _purgatory_rows(
+    classified: DataFrame, rules: Rules, partitions: int, watermark: int | None
+) -> DataFrame:
+    """Steps 3–5: the kept events up to ``W`` by (rule, key), sorted, through mapInArrow.
+
+    Persisted: the caller unpersists.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from ._batch_partition import ROWS_DDL, partition_function
+
+    events = _rule_events(classified, rules)
+    if watermark is None:  # no kept event at all: nothing to apply
+        events = events.where(F.lit(False))
+    events = events.where(F.col("time") <= F.lit(watermark))
     return (
-        rows.repartition(partitions, "rule", "key")
+        events.repartition(partitions, "rule", "key")
         .sortWithinPartitions("time", "seq", "event_id", "rule")
-        .mapInArrow(_process_partition(rules, rules.input.allowed_lateness_ms), UNION_DDL)
+        .mapInArrow(partition_function(rules, watermark if watermark is not None else 0), ROWS_DDL)
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
 
 
-def _count_outputs(tables: Mapping[str, DataFrame]) -> DataFrame:
-    """One aggregate over the outputs: rows per output and reason, latency percentiles."""
+def _latency_percentiles(outcomes: DataFrame) -> dict[str, Any]:
+    """Exact latency percentiles (p50, p90, p99) per resolved outcome: one aggregate."""
     from pyspark.sql import functions as F
 
-    def part(name: str, k: str, outcome: bool, reason: bool, latency: bool) -> DataFrame:
-        return tables[name].select(
-            F.lit(k).alias("k"),
-            F.col("outcome") if outcome else F.lit(None).cast("string").alias("outcome"),
-            F.col("reason") if reason else F.lit(None).cast("string").alias("reason"),
-            F.col("latency_ms") if latency else F.lit(None).cast("long").alias("latency_ms"),
-        )
-
-    counted = (
-        part("outcomes", "o", True, False, True)
-        .unionByName(part("unmatched", "u", False, True, False))
-        .unionByName(part("buffered", "b", False, False, False))
-        .unionByName(part("rejected", "r", False, True, False))
+    rows = (
+        outcomes.where(F.col("latency_ms").isNotNull())
+        .groupBy("outcome")
+        .agg(F.percentile("latency_ms", F.array(*[F.lit(q) for q in (0.5, 0.9, 0.99)])).alias("p"))
+        .collect()
     )
-    group = (
-        F.when(F.col("k") == "o", F.concat(F.lit("o:"), F.col("outcome")))
-        .when(F.col("k") == "u", F.concat(F.lit("u:"), F.col("reason")))
-        .otherwise(F.col("k"))
-    )
-    return counted.groupBy(
-        group.alias("g"), F.when(F.col("k") == "r", F.col("reason")).alias("r")
-    ).agg(
-        F.count(F.lit(1)).alias("n"),
-        F.percentile(F.col("latency_ms"), F.array(*[F.lit(q) for q in (0.5, 0.9, 0.99)])).alias(
-            "p"
-        ),
-    )
+    return {
+        row["outcome"]: {"p50": row["p"][0], "p90": row["p"][1], "p99": row["p"][2]} for row in rows
+    }
 
 
-def _write_outputs(tables: Mapping[str, DataFrame], out: Path, output_format: str) -> list[Any]:
-    """Write the four outputs and collect :func:`_count_outputs`; return its rows.
+@dataclass
+class _Written:
+    """What the output step learnt: the latency percentiles and the buffered rows' count."""
 
-    The writes and the aggregate only read the persisted rows: submitted
-    together, their fixed costs overlap.
+    latency: dict[str, Any]
+    buffered: int
+
+
+def _write_outputs(
+    spark: SparkSession, tables: Mapping[str, DataFrame], out: Path, output_format: str
+) -> _Written:
+    """Write the four outputs, count ``buffered`` and aggregate the latencies, concurrently.
+
+    Each reads persisted rows only: submitted together, their fixed costs
+    (planning, code generation, the committer) overlap.
     """
     from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
 
-    with ThreadPoolExecutor(max_workers=len(tables) + 1) as pool:
+    with ThreadPoolExecutor(max_workers=len(tables) + 2) as pool:
         writes = [
-            pool.submit(_write, frame, str(out / name), output_format)
+            pool.submit(
+                _described, spark, f"write {name}/",
+                partial(_write, frame, str(out / name), output_format),
+            )
             for name, frame in tables.items()
-        ]
-        rows = pool.submit(_count_outputs(tables).collect).result()
+        ]  # fmt: skip
+        buffered = pool.submit(_described, spark, "count buffered", tables["buffered"].count)
+        latency = pool.submit(
+            _described, spark, "latency percentiles",
+            partial(_latency_percentiles, tables["outcomes"]),
+        )  # fmt: skip
         for future in writes:
             future.result()
-    return rows
+        return _Written(latency=dict(sorted(latency.result().items())), buffered=buffered.result())
 
 
 def run_job(
@@ -881,10 +706,11 @@ def run_job(
     later than ``now_ms`` (default: the clock at the start) plus it is rejected
     as ``far_future`` instead of moving the watermark; None turns it off.
 
-    Cost: one Spark job reads, parses, deduplicates (one shuffle by event id),
-    repartitions by key (a second shuffle) and runs the purgatory, keeping its
-    rows in memory; the outputs and the summary are then small jobs over those
-    rows, run concurrently.
+    Cost: one Spark job reads, parses and deduplicates (one shuffle by event
+    id), keeping the classified records in memory; a second repartitions the
+    kept events by key (a second shuffle) and runs the purgatory, keeping its
+    rows; the outputs and the summary are then small jobs over those, run
+    concurrently.
     """
     partitions = _check_options(spark, partitions, output_format, max_future_ms)
     if now_ms is None:
@@ -900,70 +726,105 @@ def run_job(
     )
     phases.line(f"reading {len(files)} {rules.input.format} file(s) from {input_path}")
     with _stage_progress(spark, phases, on=progress is not None):
-        results = _purgatory_rows(spark, rules, files, partitions, future_limit)
+        classified = _classified_records(spark, rules, files, future_limit)
         try:
-            loop = _LoopStats.collect(results)
-            watermark = None if loop.max_time is None else loop.max_time - lateness
+            records = _described(
+                spark, "read, validate, deduplicate", lambda: _RecordCounts.collect(classified)
+            )
+            watermark = None if records.max_time is None else records.max_time - lateness
             phases.end(
-                "read_dedup_purgatory",
-                f"parsed and deduplicated ({loop.duplicates:,} duplicates, {loop.ignored:,} "
-                f"ignored); ran {loop.partitions} partition(s) through the purgatory: "
-                f"{loop.events:,} rule events, loop {loop.rate():,.0f} events/s per core; "
+                "read_dedup",
+                f"parsed and deduplicated ({records.duplicates:,} duplicates, "
+                f"{records.ignored:,} ignored, {sum(records.rejected.values()):,} rejected); "
                 f"watermark {watermark}",
             )
-            tables = _finalise(results, rules, watermark)
-            counts = _OutputCounts.of(_write_outputs(tables, out, output_format))
+            rows = _purgatory_rows(classified, rules, partitions, watermark)
+            try:
+                loop = _described(spark, "purgatory", lambda: _LoopStats.collect(rows))
+                phases.end(
+                    "purgatory",
+                    f"ran {loop.partitions} partition(s) through the purgatory: "
+                    f"{loop.events:,} rule events, loop {loop.rate():,.0f} events/s per core",
+                )
+                tables = _outputs(classified, rows, rules, watermark)
+                written = _write_outputs(spark, tables, out, output_format)
+            finally:
+                rows.unpersist()
         finally:
-            results.unpersist()
-    n_rejected = sum(counts.rejected.values())
-    conflicts = counts.rejected.get("conflict", 0)
-    far_future = counts.rejected.get("far_future", 0)
-    events = loop.kept + loop.ignored
-    records = events + loop.duplicates + n_rejected
+            classified.unpersist()
+    n_rejected = sum(records.rejected.values())
+    conflicts = records.rejected.get("conflict", 0)
+    far_future = records.rejected.get("far_future", 0)
     phases.end(
         "write",
         f"wrote rejected/ ({n_rejected:,} records, {conflicts:,} conflicts), outcomes/ ("
-        + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.outcomes.items()))
-        + f"), unmatched/ ({sum(counts.unmatched.values()):,}) and buffered/ "
-        f"({counts.buffered:,})",
+        + ", ".join(f"{k} {v:,}" for k, v in loop.outcomes.items())
+        + f"), unmatched/ ({sum(loop.unmatched.values()):,}) and buffered/ "
+        f"({written.buffered:,})",
     )
     if far_future:
         phases.line(
             f"rejected {far_future:,} far_future record(s): event time after "
             f"{_iso_ms(future_limit)} (--max-future; 'off' to accept)"
         )
+    summary = _summary(
+        input_path, files, out, output_format, rules, partitions, max_future_ms, future_limit,
+        watermark, records, loop, written, phases,
+    )  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    phases.line(f"done: {summary['counts']['records']:,} records, "
+                f"{summary['events_per_s']:,} records/s")  # fmt: skip
+    return summary
+
+
+def _summary(
+    input_path: str,
+    files: list[str],
+    out: Path,
+    output_format: str,
+    rules: Rules,
+    partitions: int,
+    max_future_ms: int | None,
+    future_limit: int | None,
+    watermark: int | None,
+    records: _RecordCounts,
+    loop: _LoopStats,
+    written: _Written,
+    phases: _Phases,
+) -> dict[str, Any]:
+    """The run's ``summary.json``."""
+    n_rejected = sum(records.rejected.values())
+    events = records.kept + records.ignored
+    total = events + records.duplicates + n_rejected
     job_s = phases.elapsed()
-    summary: dict[str, Any] = {
+    return {
         "input": input_path,
         "input_files": len(files),
         "output": str(out),
         "format": output_format,
         "rules": [{"name": r.name, "key": r.key, "timeout_ms": r.timeout_ms} for r in rules.rules],
         "partitions": partitions,
-        "allowed_lateness_ms": lateness,
+        "allowed_lateness_ms": rules.input.allowed_lateness_ms,
         "max_future_ms": max_future_ms,
         "far_future_after_ms": future_limit,
-        "max_event_time": loop.max_time,
+        "max_event_time": records.max_time,
         "watermark": watermark,
         "counts": {
-            "records": records,
+            "records": total,
             "rejected": n_rejected,
-            "rejected_by_reason": dict(sorted(counts.rejected.items())),
-            "duplicates": loop.duplicates,
-            "conflicts": conflicts,
+            "rejected_by_reason": records.rejected,
+            "duplicates": records.duplicates,
+            "conflicts": records.rejected.get("conflict", 0),
             "events": events,
-            "ignored": loop.ignored,
-            "rule_events": loop.events,
-            "buffered": counts.buffered,
-            "outcomes": dict(sorted(counts.outcomes.items())),
-            "unmatched": dict(sorted(counts.unmatched.items())),
+            "ignored": records.ignored,
+            "rule_events": loop.events + written.buffered,
+            "buffered": written.buffered,
+            "outcomes": loop.outcomes,
+            "unmatched": loop.unmatched,
         },
-        "latency_ms": dict(sorted(counts.latency.items())),
+        "latency_ms": written.latency,
         "seconds": round(job_s, 3),
         "phases_seconds": phases.seconds,
-        "events_per_s": round(records / job_s, 1) if job_s else None,
-        "loop": loop.summary(),
+        "events_per_s": round(total / job_s, 1) if job_s else None,
+        "loop": loop.summary(written.buffered),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    phases.line(f"done: {records:,} records, {summary['events_per_s']:,} records/s")
-    return summary
