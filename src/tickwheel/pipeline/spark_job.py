@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,18 +371,16 @@ def text_columns(frame: DataFrame) -> DataFrame:
     )
 
 
-def _outputs(
-    classified: DataFrame, rows: DataFrame, rules: Rules, watermark: int | None
-) -> dict[str, DataFrame]:
-    """The four output tables, given the global watermark ``W``. Lazy.
+def _outputs(classified: DataFrame, rows: DataFrame, rules: Rules) -> dict[str, DataFrame]:
+    """The four output tables. Lazy.
 
-    ``rows`` (the partitions' final rows) give ``outcomes`` and ``unmatched``;
-    ``rejected`` and ``buffered`` (the events above ``W``, which no partition
-    applied) come from the classified records, with no Python step.
+    ``rows`` (the partitions' final rows) give ``outcomes``, ``unmatched`` and
+    ``buffered``; ``rejected`` comes from the classified records, with no
+    Python step.
     """
     from pyspark.sql import functions as F
 
-    from ._batch_partition import K_OUTCOME, K_UNMATCHED
+    from ._batch_partition import K_BUFFERED, K_OUTCOME, K_UNMATCHED
 
     name = _rule_name(rules)
     k, t0, t2 = F.col("k"), F.col("t0"), F.col("t2")
@@ -405,18 +403,13 @@ def _outputs(
         t0.alias("event_time"),
         F.col("s").alias("reason"),
     )
-    above = F.lit(True) if watermark is None else F.col("time") > F.lit(watermark)
-    buffered = (
-        _rule_events(classified, rules)
-        .where(above)
-        .select(
-            name.alias("rule"),
-            "key",
-            "event_id",
-            "event_type",
-            F.col("time").alias("event_time"),
-            "seq",
-        )
+    buffered = rows.where(k == K_BUFFERED).select(
+        name.alias("rule"),
+        "key",
+        F.col("id").alias("event_id"),
+        F.col("ref").alias("event_type"),
+        t0.alias("event_time"),
+        F.col("t1").alias("seq"),
     )
     rejected = classified.where(F.col("c") >= C_CONFLICT).select(
         "event_id", "reason", "raw", "raw_bytes"
@@ -495,31 +488,54 @@ class _LoopStats:
     """The partitions' own counters (their ``K_STATS`` rows), summed."""
 
     partitions: int
-    events: int
+    events: int  # rule events
+    applied: int  # of which at or below the watermark, run through the loop
+    buffered: int  # of which above it
     outcomes: dict[str, int]
     unmatched: dict[str, int]
+    latency: dict[str, Any]  # outcome -> exact p50, p90, p99 of latency_ms
     loop_s: float
     loop_cpu: float
     udf_s: float
 
     @classmethod
     def collect(cls, rows: DataFrame) -> _LoopStats:
-        """The stats rows of the partitions (the first action on ``rows``)."""
+        """The counters rows of the partitions (the first action on ``rows``).
+
+        The latency percentiles are exact: each partition sends its latencies
+        sorted, and they are merged here (a few MB at 1e6 operations), which
+        costs less than Spark's ``percentile`` aggregate over the rows.
+        """
+        import heapq
+
         from pyspark.sql import functions as F
 
-        from ._batch_partition import K_STATS
+        from ._batch_partition import K_STATS, exact_percentile, read_latencies
 
-        stats = [json.loads(r["s"]) for r in rows.where(F.col("k") == K_STATS).collect()]
+        stats, latencies = [], defaultdict(list)
+        for row in rows.where(F.col("k") == K_STATS).select("s", "b").collect():
+            one = json.loads(row["s"])
+            stats.append(one)
+            for outcome, values in read_latencies(one, bytes(row["b"])).items():
+                latencies[outcome].append(values)
         outcomes: Counter[str] = Counter()
         unmatched: Counter[str] = Counter()
         for s in stats:
             outcomes.update(s["outcomes"])
             unmatched.update(s["unmatched"])
+        latency = {}
+        for outcome, parts in sorted(latencies.items()):
+            ordered = list(heapq.merge(*parts))
+            p50, p90, p99 = (exact_percentile(ordered, q) for q in (0.5, 0.9, 0.99))
+            latency[outcome] = {"p50": p50, "p90": p90, "p99": p99}
         return cls(
             partitions=len(stats),
             events=sum(s["events"] for s in stats),
+            applied=sum(s["applied"] for s in stats),
+            buffered=sum(s["buffered"] for s in stats),
             outcomes=dict(sorted(outcomes.items())),
             unmatched=dict(sorted(unmatched.items())),
+            latency=latency,
             loop_s=sum(s["loop_seconds"] for s in stats),
             loop_cpu=sum(s["loop_cpu_seconds"] for s in stats),
             udf_s=sum(s["udf_seconds"] for s in stats),
@@ -527,17 +543,17 @@ class _LoopStats:
 
     def rate(self) -> float:
         """Events per CPU second of the loop (per core)."""
-        return self.events / self.loop_cpu if self.loop_cpu else 0.0
+        return self.applied / self.loop_cpu if self.loop_cpu else 0.0
 
-    def summary(self, buffered: int) -> dict[str, Any]:
-        """The summary's ``loop`` entry; ``buffered`` rule events were held above the watermark."""
+    def summary(self) -> dict[str, Any]:
+        """The summary's ``loop`` entry."""
         return {
-            "events": self.events + buffered,
-            "applied": self.events,
+            "events": self.events,
+            "applied": self.applied,
             "seconds": round(self.loop_s, 3),
             "cpu_seconds": round(self.loop_cpu, 3),
             "events_per_s": round(self.rate(), 1) if self.loop_cpu else None,
-            "events_per_wall_s": round(self.events / self.loop_s, 1) if self.loop_s else None,
+            "events_per_wall_s": round(self.applied / self.loop_s, 1) if self.loop_s else None,
             "udf_seconds": round(self.udf_s, 3),
             "note": (
                 "per-partition purgatory loop measured inside mapInArrow: events counts the "
@@ -614,54 +630,27 @@ def _classified_records(
 def _purgatory_rows(
     classified: DataFrame, rules: Rules, partitions: int, watermark: int | None
 ) -> DataFrame:
-    """Steps 3–5: the kept events up to ``W`` by (rule, key), sorted, through mapInArrow.
+    """Steps 3–5: the kept events by (rule, key), sorted, through mapInArrow.
 
     Persisted: the caller unpersists.
     """
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     from ._batch_partition import ROWS_DDL, partition_function
 
-    events = _rule_events(classified, rules)
-    if watermark is None:  # no kept event at all: nothing to apply
-        events = events.where(F.lit(False))
-    events = events.where(F.col("time") <= F.lit(watermark))
     return (
-        events.repartition(partitions, "rule", "key")
+        _rule_events(classified, rules)
+        .repartition(partitions, "rule", "key")
         .sortWithinPartitions("time", "seq", "event_id", "rule")
-        .mapInArrow(partition_function(rules, watermark if watermark is not None else 0), ROWS_DDL)
+        .mapInArrow(partition_function(rules, watermark), ROWS_DDL)
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
 
 
-def _latency_percentiles(outcomes: DataFrame) -> dict[str, Any]:
-    """Exact latency percentiles (p50, p90, p99) per resolved outcome: one aggregate."""
-    from pyspark.sql import functions as F
-
-    rows = (
-        outcomes.where(F.col("latency_ms").isNotNull())
-        .groupBy("outcome")
-        .agg(F.percentile("latency_ms", F.array(*[F.lit(q) for q in (0.5, 0.9, 0.99)])).alias("p"))
-        .collect()
-    )
-    return {
-        row["outcome"]: {"p50": row["p"][0], "p90": row["p"][1], "p99": row["p"][2]} for row in rows
-    }
-
-
-@dataclass
-class _Written:
-    """What the output step learnt: the latency percentiles and the buffered rows' count."""
-
-    latency: dict[str, Any]
-    buffered: int
-
-
 def _write_outputs(
     spark: SparkSession, tables: Mapping[str, DataFrame], out: Path, output_format: str
-) -> _Written:
-    """Write the four outputs, count ``buffered`` and aggregate the latencies, concurrently.
+) -> None:
+    """Write the four outputs concurrently.
 
     Each reads persisted rows only: submitted together, their fixed costs
     (planning, code generation, the committer) overlap.
@@ -669,7 +658,7 @@ def _write_outputs(
     from concurrent.futures import ThreadPoolExecutor
     from functools import partial
 
-    with ThreadPoolExecutor(max_workers=len(tables) + 2) as pool:
+    with ThreadPoolExecutor(max_workers=len(tables)) as pool:
         writes = [
             pool.submit(
                 _described, spark, f"write {name}/",
@@ -677,14 +666,8 @@ def _write_outputs(
             )
             for name, frame in tables.items()
         ]  # fmt: skip
-        buffered = pool.submit(_described, spark, "count buffered", tables["buffered"].count)
-        latency = pool.submit(
-            _described, spark, "latency percentiles",
-            partial(_latency_percentiles, tables["outcomes"]),
-        )  # fmt: skip
         for future in writes:
             future.result()
-        return _Written(latency=dict(sorted(latency.result().items())), buffered=buffered.result())
 
 
 def run_job(
@@ -746,8 +729,7 @@ def run_job(
                     f"ran {loop.partitions} partition(s) through the purgatory: "
                     f"{loop.events:,} rule events, loop {loop.rate():,.0f} events/s per core",
                 )
-                tables = _outputs(classified, rows, rules, watermark)
-                written = _write_outputs(spark, tables, out, output_format)
+                _write_outputs(spark, _outputs(classified, rows, rules), out, output_format)
             finally:
                 rows.unpersist()
         finally:
@@ -760,7 +742,7 @@ def run_job(
         f"wrote rejected/ ({n_rejected:,} records, {conflicts:,} conflicts), outcomes/ ("
         + ", ".join(f"{k} {v:,}" for k, v in loop.outcomes.items())
         + f"), unmatched/ ({sum(loop.unmatched.values()):,}) and buffered/ "
-        f"({written.buffered:,})",
+        f"({loop.buffered:,})",
     )
     if far_future:
         phases.line(
@@ -769,7 +751,7 @@ def run_job(
         )
     summary = _summary(
         input_path, files, out, output_format, rules, partitions, max_future_ms, future_limit,
-        watermark, records, loop, written, phases,
+        watermark, records, loop, phases,
     )  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     phases.line(f"done: {summary['counts']['records']:,} records, "
@@ -789,7 +771,6 @@ def _summary(
     watermark: int | None,
     records: _RecordCounts,
     loop: _LoopStats,
-    written: _Written,
     phases: _Phases,
 ) -> dict[str, Any]:
     """The run's ``summary.json``."""
@@ -817,14 +798,14 @@ def _summary(
             "conflicts": records.rejected.get("conflict", 0),
             "events": events,
             "ignored": records.ignored,
-            "rule_events": loop.events + written.buffered,
-            "buffered": written.buffered,
+            "rule_events": loop.events,
+            "buffered": loop.buffered,
             "outcomes": loop.outcomes,
             "unmatched": loop.unmatched,
         },
-        "latency_ms": written.latency,
+        "latency_ms": loop.latency,
         "seconds": round(job_s, 3),
         "phases_seconds": phases.seconds,
         "events_per_s": round(total / job_s, 1) if job_s else None,
-        "loop": loop.summary(written.buffered),
+        "loop": loop.summary(),
     }
