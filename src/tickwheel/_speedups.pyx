@@ -932,6 +932,7 @@ cdef double _seconds(object value, bint is_delay) except? -1.0:
 cdef extern from "Python.h":
     int PyContext_Enter(object) except -1
     int PyContext_Exit(object) except -1
+    object PyContext_CopyCurrent()  # contextvars.copy_context(), in C
 
 
 cdef class TimerHandle(TimerTaskEntry):
@@ -1264,6 +1265,133 @@ cdef class AsyncFloorTimer:
             whens.append(node._when)
             node = node._next
         return whens
+
+
+@cython.final
+cdef class _DropInFloorHandle:
+    """A handle of :class:`DropInFloor`: a drop-in handle's fields, and an unlinking cancel."""
+
+    cdef readonly double _when
+    cdef object _callback
+    cdef object _args
+    cdef object _context
+    cdef readonly long long expiration_ms
+    cdef _DropInFloorHandle _next
+    cdef _DropInFloorHandle _prev
+
+    def cancel(self):
+        """Unlink, if linked: no count, no cancelled mark, nothing released."""
+        if self._next is not None:
+            self._next._prev = self._prev
+            self._prev._next = self._next
+            self._next = None
+            self._prev = None
+
+
+@cython.final
+cdef class DropInFloor:
+    """Not a timer: the least C work of a drop-in loop's timers (for benchmarks/).
+
+    ``loop.call_later``/``loop.call_at`` (:func:`floor_loop_call_later`,
+    :func:`floor_loop_call_at`) allocate a handle, copy the caller's context
+    (asyncio's semantics), round the deadline up to the millisecond and link the
+    handle at the tail of one list; ``cancel`` unlinks it. Firing is the least a
+    loop-driven timer does per due millisecond: given the pending handles
+    already sorted (the benchmark sorts them, untimed), one real timer of the
+    loop, pushed back on asyncio's heap for the next deadline, and each
+    callback run in its context.
+    """
+
+    cdef _DropInFloorHandle _root
+    cdef list _chain
+    cdef Py_ssize_t _pos
+    cdef object _loop
+    cdef object _spare
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._root = _DropInFloorHandle.__new__(_DropInFloorHandle)
+        self._root._next = self._root
+        self._root._prev = self._root
+        self._chain = []
+        self._pos = 0
+
+    cdef _DropInFloorHandle _add(self, double when, object callback, tuple args, object context):
+        cdef _DropInFloorHandle handle = _DropInFloorHandle.__new__(_DropInFloorHandle)
+        handle._when = when
+        handle._callback = callback
+        handle._args = args
+        handle._context = PyContext_CopyCurrent() if context is None else context
+        handle.expiration_ms = _ceil_ms(when)
+        handle._next = self._root
+        handle._prev = self._root._prev
+        self._root._prev._next = handle
+        self._root._prev = handle
+        return handle
+
+    def take_pending(self):
+        """Unlink every pending handle and return them, in list order."""
+        cdef list pending = []
+        cdef _DropInFloorHandle node = self._root._next
+        cdef _DropInFloorHandle nxt
+        while node is not self._root:
+            nxt = node._next
+            node._next = None
+            node._prev = None
+            pending.append(node)
+            node = nxt
+        self._root._next = self._root
+        self._root._prev = self._root
+        return pending
+
+    @property
+    def firing(self):
+        """True while sorted handles remain to fire."""
+        return self._pos < PyList_GET_SIZE(self._chain)
+
+    def fire_in_order(self, list handles, base_call_at):
+        """Fire ``handles`` (sorted by deadline) one due millisecond per loop wake-up."""
+        self._chain = handles
+        self._pos = 0
+        if handles:
+            self._spare = base_call_at(
+                self._loop, (<_DropInFloorHandle>handles[0]).expiration_ms / 1000, self._fire
+            )
+
+    def _fire(self):
+        cdef list chain = self._chain
+        cdef Py_ssize_t n = PyList_GET_SIZE(chain)
+        cdef _DropInFloorHandle handle = chain[self._pos]
+        cdef long long ms = handle.expiration_ms
+        while True:
+            self._pos += 1
+            PyContext_Enter(handle._context)
+            try:
+                handle._callback(*handle._args)
+            finally:
+                PyContext_Exit(handle._context)
+            if self._pos == n:
+                return
+            handle = chain[self._pos]
+            if handle.expiration_ms != ms:
+                break
+        # The real timer that just fired is off the heap: push it back for the next.
+        spare = self._spare
+        spare._when = handle.expiration_ms / 1000
+        _heappush(self._loop._scheduled, spare)
+        spare._scheduled = True
+
+
+def floor_loop_call_later(self, delay, callback, *args, context=None):
+    """The drop-in floor's ``loop.call_later`` (see :class:`DropInFloor`)."""
+    cdef DropInFloor floor = self._drop_in_floor
+    return floor._add(<double>self.time() + <double>delay, callback, args, context)
+
+
+def floor_loop_call_at(self, when, callback, *args, context=None):
+    """The drop-in floor's ``loop.call_at`` (see :class:`DropInFloor`)."""
+    cdef DropInFloor floor = self._drop_in_floor
+    return floor._add(when, callback, args, context)
 
 
 # == the purgatory's hot halves =============================================================
@@ -1862,10 +1990,6 @@ cdef class _PurgatoryCore:
 
 
 # -- the drop-in event loop's call_later and call_at (tickwheel._aio_loop) ------------------
-
-
-cdef extern from "Python.h":
-    object PyContext_CopyCurrent()  # contextvars.copy_context(), in C
 
 
 cdef object _loop_schedule(object loop, object when, object callback, tuple args, object context):
