@@ -191,6 +191,10 @@ class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
         self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
 
 
+if not TYPE_CHECKING and speedups is not None:
+    EventLoop._arm_real_timer = speedups.loop_arm_real_timer
+
+
 def new_event_loop() -> EventLoop:
     """A new :class:`EventLoop`: pass it as ``loop_factory``, as with uvloop."""
     return EventLoop()

@@ -1059,6 +1059,8 @@ cdef class AsyncTimerCore(TimerCore):
     cdef public bint _ready_scheduled
     cdef public object _batch
     cdef public bint _closed
+    # self._run_due, bound once: the loop timer's callback at every re-arm.
+    cdef object _run_due_bound
 
     cdef inline double _now_s(self) except? -1.0:
         if self._time is _time_monotonic:
@@ -1110,8 +1112,10 @@ cdef class AsyncTimerCore(TimerCore):
     cdef int _arm_c(self, long long expiration_ms) except -1:
         self._disarm_c()
         self._armed_ms = expiration_ms
+        if self._run_due_bound is None:
+            self._run_due_bound = self._run_due
         self._loop_handle = self._call_at_loop(
-            expiration_ms / 1000, self._run_due, context=self._context
+            expiration_ms / 1000, self._run_due_bound, context=self._context
         )
         return 0
 
@@ -2074,6 +2078,41 @@ def loop_call_later(self, delay, callback, *args, context=None):
     if type(delay) is float:
         return _loop_schedule(self, timer._now_s() + <double>delay, callback, args, context)
     return _loop_schedule(self, self.time() + delay, callback, args, context)
+
+
+cdef object _wheel_timers_class = None
+
+
+def loop_arm_real_timer(self, when, callback, *, context):
+    """Arm the wheel's one real timer: the compiled ``EventLoop._arm_real_timer``.
+
+    The same steps as the pure method (see tickwheel._aio_loop): push the
+    handle that just fired back on asyncio's heap when it is neither cancelled
+    nor queued, else asyncio's own ``call_at``. O(log of the loop's heap).
+    """
+    global _wheel_timers_class
+    spare = self._spare_timer
+    if (
+        spare is not None
+        and not spare._scheduled
+        and not spare._cancelled
+        and spare._context is context
+        and (spare._callback is callback or spare._callback == callback)
+        and not self._debug
+    ):
+        if self._closed:
+            raise RuntimeError("Event loop is closed")  # asyncio's _check_closed
+        spare._when = when
+        _heappush(self._scheduled, spare)
+        spare._scheduled = True
+        return spare
+    if _wheel_timers_class is None:
+        from tickwheel._aio_loop import _WheelTimers
+
+        _wheel_timers_class = _WheelTimers
+    handle = super(_wheel_timers_class, self).call_at(when, callback, context=context)
+    self._spare_timer = handle
+    return handle
 
 
 def loop_call_at(self, when, callback, *args, context=None):
