@@ -353,7 +353,7 @@ class DropInFloor:
         root = _DropInFloorHandle()
         root._next = root._prev = root
         self._root = root
-        self._chain: list[_DropInFloorHandle] = []
+        self._chain: list[Any] = []
         self._pos = 0
         self._spare: Any = None
 
@@ -384,6 +384,7 @@ class DropInFloor:
         handle = chain[self._pos]
         ms = handle.expiration_ms
         while True:
+            chain[self._pos] = None  # fired: the floor holds it no more, as a wheel does not
             self._pos += 1
             handle._context.run(handle._callback, *handle._args)
             if self._pos == len(chain):

@@ -1420,6 +1420,7 @@ cdef class DropInFloor:
         cdef _DropInFloorHandle handle = chain[self._pos]
         cdef long long ms = handle.expiration_ms
         while True:
+            chain[self._pos] = None  # fired: the floor holds it no more, as a wheel does not
             self._pos += 1
             PyContext_Enter(handle._context)
             try:
