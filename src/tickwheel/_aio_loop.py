@@ -164,7 +164,11 @@ class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
     ) -> None:
         super().__init__(selector)
         self._spare_timer: asyncio.TimerHandle | None = None
-        self._start_wheel(tick_ms, wheel_size, self._arm_real_timer)
+        arm: Callable[..., asyncio.TimerHandle] = self._arm_real_timer
+        if speedups is not None:
+            # Its compiled twin, which the compiled timer calls in C.
+            arm = speedups.RealTimerArm(self, super(_WheelTimers, self).call_at)
+        self._start_wheel(tick_ms, wheel_size, arm)
 
     def _arm_real_timer(
         self, when: float, callback: Callable[[], object], *, context: contextvars.Context
@@ -176,7 +180,7 @@ class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
         heap. That handle is then pushed back with the new deadline instead of
         building a new one (``TimerHandle.__init__`` costs as much as the rest
         of the re-arm). A handle that was cancelled, or is still queued, is
-        never reused.
+        never reused. Its compiled twin is ``tickwheel._speedups.RealTimerArm``.
         """
         spare = self._spare_timer
         if (
@@ -199,10 +203,6 @@ class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
     def _debug_checks(self, callback: object) -> None:
         self._check_thread()  # type: ignore[attr-defined]
         self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
-
-
-if not TYPE_CHECKING and speedups is not None:
-    EventLoop._arm_real_timer = speedups.loop_arm_real_timer
 
 
 def new_event_loop() -> EventLoop:

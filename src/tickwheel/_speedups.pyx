@@ -1046,6 +1046,56 @@ cdef int _run_handle(TimerHandle handle) except -1:
     return 0
 
 
+@cython.final
+cdef class RealTimerArm:
+    """The compiled ``EventLoop._arm_real_timer``: arms the wheel's one real timer of an asyncio loop.
+
+    ``arm(when, callback, context=ctx)`` does what the pure method does (see
+    ``tickwheel._aio_loop``): the asyncio handle it armed last, once fired
+    (neither cancelled nor queued), is pushed back on the loop's heap for the
+    new deadline, else ``base_call_at`` (asyncio's own ``call_at``) makes a
+    new one. It keeps that handle and what it was armed with in C fields, and
+    the compiled timer calls it in C: a re-arm reads only the handle's flags
+    and the loop's heap, debug and closed state. O(log of the loop's heap).
+    """
+
+    cdef object _loop
+    cdef object _base_call_at
+    cdef object _handle
+    cdef object _callback
+    cdef object _context
+
+    def __init__(self, loop, base_call_at):
+        self._loop = loop
+        self._base_call_at = base_call_at
+
+    def __call__(self, double when, callback, *, context):
+        return self._arm(when, callback, context)
+
+    cdef object _arm(self, double when, object callback, object context):
+        loop = self._loop
+        handle = self._handle
+        if (
+            handle is not None
+            and callback is self._callback
+            and context is self._context
+            and not handle._scheduled
+            and not handle._cancelled
+            and not loop._debug
+        ):
+            if loop._closed:
+                raise RuntimeError("Event loop is closed")  # asyncio's _check_closed
+            handle._when = when
+            _heappush(loop._scheduled, handle)
+            handle._scheduled = True
+            return handle
+        handle = self._base_call_at(when, callback, context=context)
+        self._handle = handle
+        self._callback = callback
+        self._context = context
+        return handle
+
+
 cdef class AsyncTimerCore(TimerCore):
     """AsyncTimer's hot half (see ``tickwheel.aio``): scheduling, the loop timer, running."""
 
@@ -1114,9 +1164,13 @@ cdef class AsyncTimerCore(TimerCore):
         self._armed_ms = expiration_ms
         if self._run_due_bound is None:
             self._run_due_bound = self._run_due
-        self._loop_handle = self._call_at_loop(
-            expiration_ms / 1000, self._run_due_bound, context=self._context
-        )
+        arm = self._call_at_loop
+        if type(arm) is RealTimerArm:
+            self._loop_handle = (<RealTimerArm>arm)._arm(
+                expiration_ms / 1000, self._run_due_bound, self._context
+            )
+        else:
+            self._loop_handle = arm(expiration_ms / 1000, self._run_due_bound, context=self._context)
         return 0
 
     cdef int _disarm_c(self) except -1:
@@ -2079,41 +2133,6 @@ def loop_call_later(self, delay, callback, *args, context=None):
     if type(delay) is float:
         return _loop_schedule(self, timer._now_s() + <double>delay, callback, args, context)
     return _loop_schedule(self, self.time() + delay, callback, args, context)
-
-
-cdef object _wheel_timers_class = None
-
-
-def loop_arm_real_timer(self, when, callback, *, context):
-    """Arm the wheel's one real timer: the compiled ``EventLoop._arm_real_timer``.
-
-    The same steps as the pure method (see tickwheel._aio_loop): push the
-    handle that just fired back on asyncio's heap when it is neither cancelled
-    nor queued, else asyncio's own ``call_at``. O(log of the loop's heap).
-    """
-    global _wheel_timers_class
-    spare = self._spare_timer
-    if (
-        spare is not None
-        and not spare._scheduled
-        and not spare._cancelled
-        and spare._context is context
-        and (spare._callback is callback or spare._callback == callback)
-        and not self._debug
-    ):
-        if self._closed:
-            raise RuntimeError("Event loop is closed")  # asyncio's _check_closed
-        spare._when = when
-        _heappush(self._scheduled, spare)
-        spare._scheduled = True
-        return spare
-    if _wheel_timers_class is None:
-        from tickwheel._aio_loop import _WheelTimers
-
-        _wheel_timers_class = _WheelTimers
-    handle = super(_wheel_timers_class, self).call_at(when, callback, context=context)
-    self._spare_timer = handle
-    return handle
 
 
 def loop_call_at(self, when, callback, *args, context=None):
