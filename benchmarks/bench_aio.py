@@ -47,8 +47,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import gc
+import heapq
 import math
+import operator
 import platform
 import random
 import selectors
@@ -66,6 +69,11 @@ from tickwheel.aio import AsyncTimer, VirtualClockEventLoop
 
 # The pure-Python reference, loaded beside the installed package (compiled when built).
 PURE = load_pure()
+
+if tickwheel.COMPILED:
+    from tickwheel import _speedups  # type: ignore[attr-defined]
+else:
+    _speedups = None
 
 try:
     import uvloop
@@ -184,8 +192,6 @@ def _scheduler(side: str, loop: asyncio.AbstractEventLoop) -> tuple[Callable[...
         floor = FloorTimer(loop)
         return floor.call_later, floor
     if side == "floor-c":
-        from tickwheel import _speedups  # type: ignore[attr-defined]
-
         floor_c = _speedups.AsyncFloorTimer(loop)
         return floor_c.call_later, floor_c
     return loop.call_later, None
@@ -315,9 +321,181 @@ def _virtual_wheel_loop(pkg: Any) -> asyncio.AbstractEventLoop:
     return VirtualWheelLoop()
 
 
+class _DropInFloorHandle:
+    """A handle of the pure drop-in floor: a drop-in handle's slots, and an unlinking cancel."""
+
+    __slots__ = ("_args", "_callback", "_context", "_next", "_prev", "_when", "expiration_ms")
+
+    def cancel(self) -> None:
+        nxt = self._next
+        if nxt is not None:
+            prev = self._prev
+            nxt._prev = prev
+            prev._next = nxt
+            self._next = self._prev = None
+
+
+_new_drop_in_floor_handle = _DropInFloorHandle.__new__
+
+
+class DropInFloor:
+    """The pure twin of ``tickwheel._speedups.DropInFloor``: not a timer, the least work.
+
+    The loop's ``call_later``/``call_at`` (one Python frame each) allocate a slotted
+    handle, copy the caller's context, round the deadline up to the ms and link
+    the handle at one list's tail; ``cancel`` unlinks it. Firing: the pending
+    handles sorted (untimed), one real timer of the loop pushed back on
+    asyncio's heap per due millisecond, each callback run in its context.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        root = _DropInFloorHandle()
+        root._next = root._prev = root
+        self._root = root
+        self._chain: list[Any] = []
+        self._pos = 0
+        self._spare: Any = None
+
+    def take_pending(self) -> list[_DropInFloorHandle]:
+        pending = []
+        root = self._root
+        node = root._next
+        while node is not root:
+            nxt = node._next
+            node._next = node._prev = None
+            pending.append(node)
+            node = nxt
+        root._next = root._prev = root
+        return pending
+
+    @property
+    def firing(self) -> bool:
+        return self._pos < len(self._chain)
+
+    def fire_in_order(self, handles: list[_DropInFloorHandle], base_call_at: Any) -> None:
+        self._chain = handles
+        self._pos = 0
+        if handles:
+            self._spare = base_call_at(self._loop, handles[0].expiration_ms / 1000, self._fire)
+
+    def _fire(self) -> None:
+        chain = self._chain
+        handle = chain[self._pos]
+        ms = handle.expiration_ms
+        while True:
+            chain[self._pos] = None  # fired: the floor holds it no more, as a wheel does not
+            self._pos += 1
+            handle._context.run(handle._callback, *handle._args)
+            if self._pos == len(chain):
+                return
+            handle = chain[self._pos]
+            if handle.expiration_ms != ms:
+                break
+        spare = self._spare
+        spare._when = handle.expiration_ms / 1000
+        heapq.heappush(self._loop._scheduled, spare)  # type: ignore[attr-defined]
+        spare._scheduled = True
+
+
+def _floor_call_at(
+    self: Any, when: float, callback: Callable[..., Any], *args: Any, context: Any = None
+) -> _DropInFloorHandle:
+    handle = _new_drop_in_floor_handle(_DropInFloorHandle)
+    handle._when = when
+    handle._callback = callback
+    handle._args = args
+    handle._context = contextvars.copy_context() if context is None else context
+    handle.expiration_ms = math.ceil(when * 1000.0)
+    root = self._drop_in_floor._root
+    tail = root._prev
+    handle._next = root
+    handle._prev = tail
+    tail._next = handle
+    root._prev = handle
+    return handle
+
+
+def _floor_call_later(
+    self: Any, delay: float, callback: Callable[..., Any], *args: Any, context: Any = None
+) -> _DropInFloorHandle:
+    when = self.time() + delay
+    handle = _new_drop_in_floor_handle(_DropInFloorHandle)
+    handle._when = when
+    handle._callback = callback
+    handle._args = args
+    handle._context = contextvars.copy_context() if context is None else context
+    handle.expiration_ms = math.ceil(when * 1000.0)
+    root = self._drop_in_floor._root
+    tail = root._prev
+    handle._next = root
+    handle._prev = tail
+    tail._next = handle
+    root._prev = handle
+    return handle
+
+
+class _FloorSelector(_JumpingSelector):
+    """When the loop would wait with no timer of its own, the floor starts firing."""
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None and self._loop._start_floor():  # type: ignore[attr-defined]
+            return []
+        return super().select(timeout)
+
+
+class DropInFloorLoop(VirtualClockEventLoop):
+    """The virtual-clock loop with the drop-in floor as its ``call_later``/``call_at``.
+
+    ``untimed_ns`` is the CPU time spent sorting the pending handles, which the
+    floor takes as free and the benchmark subtracts.
+    """
+
+    def __init__(self, compiled: bool) -> None:
+        self._virtual_time = 10_000.0
+        asyncio.SelectorEventLoop.__init__(self, _FloorSelector(self, selectors.DefaultSelector()))
+        floor_type = _speedups.DropInFloor if compiled else DropInFloor
+        self._drop_in_floor = floor_type(self)
+        self.untimed_ns = 0
+
+    def _start_floor(self) -> bool:
+        floor = self._drop_in_floor
+        if floor.firing:
+            return False
+        t0 = time.process_time_ns()
+        pending = floor.take_pending()
+        pending.sort(key=_when_of)
+        self.untimed_ns += time.process_time_ns() - t0
+        floor.fire_in_order(pending, asyncio.BaseEventLoop.call_at)
+        return bool(pending)
+
+
+class _PureFloorLoop(DropInFloorLoop):
+    call_later = _floor_call_later  # type: ignore[assignment]
+    call_at = _floor_call_at  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        super().__init__(compiled=False)
+
+
+def _compiled_floor_loop() -> DropInFloorLoop:
+    class CompiledFloorLoop(DropInFloorLoop):
+        call_later = _speedups.floor_loop_call_later
+        call_at = _speedups.floor_loop_call_at
+
+    return CompiledFloorLoop(compiled=True)
+
+
+_when_of = operator.attrgetter("_when")
+
+
 def _drop_in_loop(side: str) -> asyncio.AbstractEventLoop:
     if side == "stock":
         return VirtualClockEventLoop(start=10_000.0)
+    if side == "floor":
+        return _PureFloorLoop()
+    if side == "floor-c":
+        return _compiled_floor_loop()
     return _virtual_wheel_loop(tickwheel if side == "tickwheel" else PURE)
 
 
@@ -358,10 +536,16 @@ DROP_IN = {
 }
 
 
-def drop_in(n: int, seed: int, repeat: int) -> None:
-    """Time asyncio's own timer APIs on the stock loop and on the wheel's loop (both paths)."""
+def drop_in(n: int, seed: int, repeat: int, floors: bool) -> None:
+    """Time asyncio's own timer APIs on the stock loop and on the wheel's loop (both paths).
+
+    With ``floors``, also on :class:`DropInFloorLoop`, pure (``floor``) and
+    compiled (``floor-c``): the least a drop-in loop's timers can cost on each path.
+    """
     w = make_workload(n, seed)
     sides = ["stock", "tickwheel", "tickwheel-pure"]
+    if floors:
+        sides += ["floor", "floor-c"] if tickwheel.COMPILED else ["floor"]
     print()
     print(f"drop-in loop, N = {n:,}: CPU ms (best of {repeat}), ratio to the stock loop")
     print(f"{'path':<28} " + " ".join(f"{side:>16}" for side in sides))
@@ -374,7 +558,8 @@ def drop_in(n: int, seed: int, repeat: int) -> None:
                     gc.collect()
                     t0 = time.process_time_ns()
                     loop.run_until_complete(workload(w))
-                    best[side] = min(best[side], time.process_time_ns() - t0)
+                    elapsed = time.process_time_ns() - t0 - getattr(loop, "untimed_ns", 0)
+                    best[side] = min(best[side], elapsed)
                 finally:
                     loop.close()
         base = best["stock"]
@@ -467,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if args.drop_in:
         for n in args.sizes:
-            drop_in(n, args.seed, args.repeat)
+            drop_in(n, args.seed, args.repeat, floors=not args.no_floor)
     w = make_workload(args.memory_n, args.seed)
     print()
     print(f"memory, N = {args.memory_n:,} (tracemalloc; cancelling 90 %)")

@@ -197,7 +197,10 @@ def test_the_uvloop_variant_puts_its_timers_on_the_wheel() -> None:
         t0 = loop.time()
         sleepers = [asyncio.ensure_future(asyncio.sleep(5)) for _ in range(20)]
         await asyncio.sleep(0.02)
-        seen["slept"] = loop.time() - t0 >= 0.02
+        # uvloop's time() is whole milliseconds / 1000, and (X + 20) / 1000 - X / 1000
+        # rounds below 0.02 for most X: compare as asyncio.sleep computed its deadline
+        # (a later time() + 0.02, so never below t0 + 0.02 if the wheel is never early).
+        seen["slept"] = loop.time() >= t0 + 0.02
         seen["wheel"] = loop.wheel_timer.size  # type: ignore[attr-defined]
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.01):
@@ -210,3 +213,28 @@ def test_the_uvloop_variant_puts_its_timers_on_the_wheel() -> None:
     with asyncio.Runner(loop_factory=aio.new_uvloop_event_loop) as runner:
         runner.run(main())
     assert seen == {"slept": True, "wheel": 20, "after": 0}
+
+
+def test_the_uvloop_variant_never_fires_early() -> None:
+    # libuv keeps its timers in whole milliseconds and rounds the delay it is given:
+    # the wheel's own rounding up must still keep every callback at or after its when().
+    pytest.importorskip("uvloop", reason="uvloop is not installed")
+    on_time: list[bool] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def check(when: float) -> None:
+            on_time.append(loop.time() >= when)
+            if len(on_time) == 200 and not done.done():
+                done.set_result(None)
+
+        for i in range(200):
+            when = loop.time() + 0.00037 * i
+            loop.call_at(when, check, when)
+        await done
+
+    with asyncio.Runner(loop_factory=aio.new_uvloop_event_loop) as runner:
+        runner.run(main())
+    assert len(on_time) == 200 and all(on_time)

@@ -53,6 +53,20 @@ def test_bench_aio_prints_the_floor_and_its_bound() -> None:
     assert any(line.startswith("bound-c:") for line in lines) == tickwheel.COMPILED
 
 
+def test_bench_aio_drop_in_prints_its_floors() -> None:
+    out = _run(
+        "bench_aio.py", "--sizes", "2000", "--repeat", "1", "--memory-n", "1000", "--drop-in"
+    )
+    lines = out.splitlines()
+    sides = next(line for line in lines if line.startswith("path ")).split()[1:]
+    assert sides[:4] == ["stock", "tickwheel", "tickwheel-pure", "floor"]
+    assert ("floor-c" in sides) == tickwheel.COMPILED
+    # Each of asyncio's paths has a figure and a ratio on every side, the floors too.
+    for path in ("loop.call_later/cancel", "asyncio.timeout", "asyncio.sleep"):
+        row = next(line for line in lines if line.startswith(path))
+        assert row.count("x") >= len(sides) - 1, row
+
+
 def test_bench_pipeline_loop_runs_both_paths() -> None:
     out = _run("bench_pipeline_loop.py", "--orders", "500", "--repeat", "1")
     sides = {line.split()[0] for line in out.splitlines() if line.startswith("tickwheel")}

@@ -36,9 +36,15 @@ from ._accel import speedups
 if TYPE_CHECKING:
     from .aio import AsyncTimer, TimerHandle
 
-#: tickwheel.aio's AsyncTimer, bound by aio.py, which imports this module at its end
-#: (the import cannot go the other way: aio re-exports this module's names).
+#: tickwheel.aio's AsyncTimer and its check of a loop time, bound by aio.py, which
+#: imports this module at its end (the import cannot go the other way: aio
+#: re-exports this module's names).
 _timer_class: type[AsyncTimer] | None = None
+
+
+def _check_when(when: object) -> float:
+    raise AssertionError("unreachable: a loop's _start_wheel loads tickwheel.aio, which rebinds it")
+
 
 __all__ = ["EventLoop", "EventLoopPolicy", "install", "new_event_loop", "new_uvloop_event_loop"]
 
@@ -56,7 +62,7 @@ class _WheelTimers:
         self, tick_ms: int, wheel_size: int, arm: Callable[..., asyncio.TimerHandle]
     ) -> None:
         if _timer_class is None:
-            from . import aio  # noqa: F401  (it binds _timer_class; see the end of aio.py)
+            from . import aio  # noqa: F401  (it binds _timer_class and _check_when; see aio.py)
         assert _timer_class is not None
         self._wheel_timer = _timer_class(
             tick_ms,
@@ -97,7 +103,10 @@ class _WheelTimers:
         """
         if when is None:
             raise TypeError("when cannot be None")
-        if self.is_closed():  # type: ignore[attr-defined]
+        when = _check_when(when)
+        timer = self._wheel_timer
+        # close() closes the wheel first: a closed wheel is a closed loop.
+        if timer._closed:
             raise RuntimeError("Event loop is closed")
         if self.get_debug():  # type: ignore[attr-defined]
             self._debug_checks(callback)
@@ -105,7 +114,8 @@ class _WheelTimers:
             raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
         if context is None:
             context = contextvars.copy_context()
-        return self._wheel_timer.call_at(when, callback, *args, context=context)
+        # The checks are done: the timer's own call_at would repeat them.
+        return timer._schedule(when, callback, args, context)
 
     def _debug_checks(self, callback: object) -> None:
         """Debug mode's checks of a timer call: the loop's thread, and the callback."""
@@ -154,7 +164,11 @@ class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
     ) -> None:
         super().__init__(selector)
         self._spare_timer: asyncio.TimerHandle | None = None
-        self._start_wheel(tick_ms, wheel_size, self._arm_real_timer)
+        arm: Callable[..., asyncio.TimerHandle] = self._arm_real_timer
+        if speedups is not None:
+            # Its compiled twin, which the compiled timer calls in C.
+            arm = speedups.RealTimerArm(self, super(_WheelTimers, self).call_at)
+        self._start_wheel(tick_ms, wheel_size, arm)
 
     def _arm_real_timer(
         self, when: float, callback: Callable[[], object], *, context: contextvars.Context
@@ -166,7 +180,7 @@ class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
         heap. That handle is then pushed back with the new deadline instead of
         building a new one (``TimerHandle.__init__`` costs as much as the rest
         of the re-arm). A handle that was cancelled, or is still queued, is
-        never reused.
+        never reused. Its compiled twin is ``tickwheel._speedups.RealTimerArm``.
         """
         spare = self._spare_timer
         if (

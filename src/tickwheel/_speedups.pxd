@@ -49,6 +49,7 @@ cdef class BucketDelayQueue:
 
     cdef bint _offer(self, TimerTaskList bucket) except -1
     cdef long long _head(self) noexcept
+    cdef tuple _pop(self)
     cdef TimerTaskList _poll(self, long long now_ms)
 
 

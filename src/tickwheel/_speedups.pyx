@@ -437,8 +437,21 @@ cdef class TimerTask(TimerTaskEntry):
 
 
 @cython.final
+cdef inline bint _item_before(tuple a, tuple b) except -1:
+    """``a < b`` for two ``(expiration_ms, seq, bucket)`` items: their keys compared in C."""
+    cdef long long ea = a[0]
+    cdef long long eb = b[0]
+    if ea != eb:
+        return ea < eb
+    return <long long>a[1] < <long long>b[1]
+
+
 cdef class BucketDelayQueue:
-    """A min-heap of buckets keyed by ``(expiration_ms, insertion order)``."""
+    """A min-heap of buckets keyed by ``(expiration_ms, insertion order)``.
+
+    The heap is ``heapq``'s (the same list of tuples, the same sift steps), its
+    keys compared as C integers instead of through tuple and int comparison.
+    """
 
 
     def __init__(self):
@@ -446,10 +459,49 @@ cdef class BucketDelayQueue:
         self._seq = 0
 
     cdef bint _offer(self, TimerTaskList bucket) except -1:
-        item = (bucket._expiration_ms, self._seq, bucket)
+        cdef list heap = self._heap
+        cdef tuple item = (bucket._expiration_ms, self._seq, bucket)
+        cdef Py_ssize_t pos = PyList_GET_SIZE(heap)
+        cdef Py_ssize_t parent
         self._seq += 1
-        _heappush(self._heap, item)
-        return self._heap[0] is item
+        heap.append(item)
+        # heapq's _siftdown(heap, 0, pos).
+        while pos > 0:
+            parent = (pos - 1) >> 1
+            if not _item_before(item, <tuple>heap[parent]):
+                break
+            heap[pos] = heap[parent]
+            pos = parent
+        heap[pos] = item
+        return pos == 0
+
+    cdef tuple _pop(self):
+        """heapq.heappop: the smallest item, the heap re-ordered."""
+        cdef list heap = self._heap
+        cdef tuple last = heap.pop()
+        cdef tuple top
+        cdef Py_ssize_t n = PyList_GET_SIZE(heap)
+        cdef Py_ssize_t pos = 0
+        cdef Py_ssize_t child
+        if n == 0:
+            return last
+        top = heap[0]
+        # heapq's _siftup(heap, 0): the hole goes down to a leaf, then last sifts up.
+        child = 1
+        while child < n:
+            if child + 1 < n and not _item_before(<tuple>heap[child], <tuple>heap[child + 1]):
+                child += 1
+            heap[pos] = heap[child]
+            pos = child
+            child = 2 * pos + 1
+        while pos > 0:
+            child = (pos - 1) >> 1
+            if not _item_before(last, <tuple>heap[child]):
+                break
+            heap[pos] = heap[child]
+            pos = child
+        heap[pos] = last
+        return top
 
     cdef long long _head(self) noexcept:
         """The first bucket's expiration, or NEVER."""
@@ -459,7 +511,7 @@ cdef class BucketDelayQueue:
 
     cdef TimerTaskList _poll(self, long long now_ms):
         if PyList_GET_SIZE(self._heap) and self._head() <= now_ms:
-            return (<tuple>_heappop(self._heap))[2]
+            return self._pop()[2]
         return None
 
     def offer(self, TimerTaskList bucket):
@@ -932,6 +984,7 @@ cdef double _seconds(object value, bint is_delay) except? -1.0:
 cdef extern from "Python.h":
     int PyContext_Enter(object) except -1
     int PyContext_Exit(object) except -1
+    object PyContext_CopyCurrent()  # contextvars.copy_context(), in C
 
 
 cdef class TimerHandle(TimerTaskEntry):
@@ -993,6 +1046,56 @@ cdef int _run_handle(TimerHandle handle) except -1:
     return 0
 
 
+@cython.final
+cdef class RealTimerArm:
+    """The compiled ``EventLoop._arm_real_timer``: arms the wheel's one real timer of an asyncio loop.
+
+    ``arm(when, callback, context=ctx)`` does what the pure method does (see
+    ``tickwheel._aio_loop``): the asyncio handle it armed last, once fired
+    (neither cancelled nor queued), is pushed back on the loop's heap for the
+    new deadline, else ``base_call_at`` (asyncio's own ``call_at``) makes a
+    new one. It keeps that handle and what it was armed with in C fields, and
+    the compiled timer calls it in C: a re-arm reads only the handle's flags
+    and the loop's heap, debug and closed state. O(log of the loop's heap).
+    """
+
+    cdef object _loop
+    cdef object _base_call_at
+    cdef object _handle
+    cdef object _callback
+    cdef object _context
+
+    def __init__(self, loop, base_call_at):
+        self._loop = loop
+        self._base_call_at = base_call_at
+
+    def __call__(self, double when, callback, *, context):
+        return self._arm(when, callback, context)
+
+    cdef object _arm(self, double when, object callback, object context):
+        loop = self._loop
+        handle = self._handle
+        if (
+            handle is not None
+            and callback is self._callback
+            and context is self._context
+            and not handle._scheduled
+            and not handle._cancelled
+            and not loop._debug
+        ):
+            if loop._closed:
+                raise RuntimeError("Event loop is closed")  # asyncio's _check_closed
+            handle._when = when
+            _heappush(loop._scheduled, handle)
+            handle._scheduled = True
+            return handle
+        handle = self._base_call_at(when, callback, context=context)
+        self._handle = handle
+        self._callback = callback
+        self._context = context
+        return handle
+
+
 cdef class AsyncTimerCore(TimerCore):
     """AsyncTimer's hot half (see ``tickwheel.aio``): scheduling, the loop timer, running."""
 
@@ -1006,6 +1109,8 @@ cdef class AsyncTimerCore(TimerCore):
     cdef public bint _ready_scheduled
     cdef public object _batch
     cdef public bint _closed
+    # self._run_due, bound once: the loop timer's callback at every re-arm.
+    cdef object _run_due_bound
 
     cdef inline double _now_s(self) except? -1.0:
         if self._time is _time_monotonic:
@@ -1057,9 +1162,15 @@ cdef class AsyncTimerCore(TimerCore):
     cdef int _arm_c(self, long long expiration_ms) except -1:
         self._disarm_c()
         self._armed_ms = expiration_ms
-        self._loop_handle = self._call_at_loop(
-            expiration_ms / 1000, self._run_due, context=self._context
-        )
+        if self._run_due_bound is None:
+            self._run_due_bound = self._run_due
+        arm = self._call_at_loop
+        if type(arm) is RealTimerArm:
+            self._loop_handle = (<RealTimerArm>arm)._arm(
+                expiration_ms / 1000, self._run_due_bound, self._context
+            )
+        else:
+            self._loop_handle = arm(expiration_ms / 1000, self._run_due_bound, context=self._context)
         return 0
 
     cdef int _disarm_c(self) except -1:
@@ -1264,6 +1375,134 @@ cdef class AsyncFloorTimer:
             whens.append(node._when)
             node = node._next
         return whens
+
+
+@cython.final
+cdef class _DropInFloorHandle:
+    """A handle of :class:`DropInFloor`: a drop-in handle's fields, and an unlinking cancel."""
+
+    cdef readonly double _when
+    cdef object _callback
+    cdef object _args
+    cdef object _context
+    cdef readonly long long expiration_ms
+    cdef _DropInFloorHandle _next
+    cdef _DropInFloorHandle _prev
+
+    def cancel(self):
+        """Unlink, if linked: no count, no cancelled mark, nothing released."""
+        if self._next is not None:
+            self._next._prev = self._prev
+            self._prev._next = self._next
+            self._next = None
+            self._prev = None
+
+
+@cython.final
+cdef class DropInFloor:
+    """Not a timer: the least C work of a drop-in loop's timers (for benchmarks/).
+
+    ``loop.call_later``/``loop.call_at`` (:func:`floor_loop_call_later`,
+    :func:`floor_loop_call_at`) allocate a handle, copy the caller's context
+    (asyncio's semantics), round the deadline up to the millisecond and link the
+    handle at the tail of one list; ``cancel`` unlinks it. Firing is the least a
+    loop-driven timer does per due millisecond: given the pending handles
+    already sorted (the benchmark sorts them, untimed), one real timer of the
+    loop, pushed back on asyncio's heap for the next deadline, and each
+    callback run in its context.
+    """
+
+    cdef _DropInFloorHandle _root
+    cdef list _chain
+    cdef Py_ssize_t _pos
+    cdef object _loop
+    cdef object _spare
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._root = _DropInFloorHandle.__new__(_DropInFloorHandle)
+        self._root._next = self._root
+        self._root._prev = self._root
+        self._chain = []
+        self._pos = 0
+
+    cdef _DropInFloorHandle _add(self, double when, object callback, tuple args, object context):
+        cdef _DropInFloorHandle handle = _DropInFloorHandle.__new__(_DropInFloorHandle)
+        handle._when = when
+        handle._callback = callback
+        handle._args = args
+        handle._context = PyContext_CopyCurrent() if context is None else context
+        handle.expiration_ms = _ceil_ms(when)
+        handle._next = self._root
+        handle._prev = self._root._prev
+        self._root._prev._next = handle
+        self._root._prev = handle
+        return handle
+
+    def take_pending(self):
+        """Unlink every pending handle and return them, in list order."""
+        cdef list pending = []
+        cdef _DropInFloorHandle node = self._root._next
+        cdef _DropInFloorHandle nxt
+        while node is not self._root:
+            nxt = node._next
+            node._next = None
+            node._prev = None
+            pending.append(node)
+            node = nxt
+        self._root._next = self._root
+        self._root._prev = self._root
+        return pending
+
+    @property
+    def firing(self):
+        """True while sorted handles remain to fire."""
+        return self._pos < PyList_GET_SIZE(self._chain)
+
+    def fire_in_order(self, list handles, base_call_at):
+        """Fire ``handles`` (sorted by deadline) one due millisecond per loop wake-up."""
+        self._chain = handles
+        self._pos = 0
+        if handles:
+            self._spare = base_call_at(
+                self._loop, (<_DropInFloorHandle>handles[0]).expiration_ms / 1000, self._fire
+            )
+
+    def _fire(self):
+        cdef list chain = self._chain
+        cdef Py_ssize_t n = PyList_GET_SIZE(chain)
+        cdef _DropInFloorHandle handle = chain[self._pos]
+        cdef long long ms = handle.expiration_ms
+        while True:
+            chain[self._pos] = None  # fired: the floor holds it no more, as a wheel does not
+            self._pos += 1
+            PyContext_Enter(handle._context)
+            try:
+                handle._callback(*handle._args)
+            finally:
+                PyContext_Exit(handle._context)
+            if self._pos == n:
+                return
+            handle = chain[self._pos]
+            if handle.expiration_ms != ms:
+                break
+        # The real timer that just fired is off the heap: push it back for the next.
+        spare = self._spare
+        spare._when = handle.expiration_ms / 1000
+        _heappush(self._loop._scheduled, spare)
+        spare._scheduled = True
+
+
+def floor_loop_call_later(self, delay, callback, *args, context=None):
+    """The drop-in floor's ``loop.call_later`` (see :class:`DropInFloor`)."""
+    cdef DropInFloor floor = self._drop_in_floor
+    return floor._add(<double>self.time() + <double>delay, callback, args, context)
+
+
+def floor_loop_call_at(self, when, callback, *args, context=None):
+    """The drop-in floor's ``loop.call_at`` (see :class:`DropInFloor`)."""
+    cdef DropInFloor floor = self._drop_in_floor
+    return floor._add(when, callback, args, context)
 
 
 # == the purgatory's hot halves =============================================================
@@ -1862,10 +2101,6 @@ cdef class _PurgatoryCore:
 
 
 # -- the drop-in event loop's call_later and call_at (tickwheel._aio_loop) ------------------
-
-
-cdef extern from "Python.h":
-    object PyContext_CopyCurrent()  # contextvars.copy_context(), in C
 
 
 cdef object _loop_schedule(object loop, object when, object callback, tuple args, object context):

@@ -90,6 +90,8 @@ class TimerCore:
 
     def _place_staged(self) -> None:
         """Move every staged entry into its bucket, in order. O(staged × levels)."""
+        if self._staged_min_ms == NEVER:
+            return  # nothing was staged since the last placement
         self._staged_min_ms = NEVER
         for entry in self._staged.flush():
             # Staged entries are not due: the wheel has not moved since they were.

@@ -151,9 +151,11 @@ class TimerHandle(TimerTaskEntry):
         arguments, so their memory is freed now, not when the deadline passes.
         As in asyncio, cancelling a handle that already ran only marks it.
         """
-        if self._list is CANCELLED:
+        lst = self._list
+        if lst is CANCELLED:
             return
-        self.remove()
+        if lst is not None:
+            lst.remove(self)
         self._list = CANCELLED
         self._callback = None
         self._args = None
@@ -755,6 +757,7 @@ async def wait_for(aw: Awaitable[_T], delay: float | None) -> _T:
 from . import _aio_loop  # noqa: E402
 
 _aio_loop._timer_class = AsyncTimer
+_aio_loop._check_when = _check_when
 from ._aio_loop import (  # noqa: E402
     EventLoop,
     EventLoopPolicy,
