@@ -52,10 +52,12 @@ __all__ = [
     "BUFFERED_COLUMNS",
     "JOB_SQL_SETTINGS",
     "OUTCOME_COLUMNS",
+    "QUICK_JIT_MAX_INPUT_BYTES",
     "REJECTED_COLUMNS",
     "UNMATCHED_COLUMNS",
     "create_session",
     "job_session",
+    "quick_jit_for",
     "resolve_inputs",
     "run_job",
 ]
@@ -83,13 +85,41 @@ OUTPUTS = ("outcomes", "unmatched", "rejected", "buffered")
 Progress = Callable[[str], None]
 
 
+#: A batch run on a local master over at most this much input is short enough
+#: that the JVM's optimising compiler costs more than it saves (see
+#: :func:`quick_jit_for`).
+QUICK_JIT_MAX_INPUT_BYTES = 96 * 2**20
+QUICK_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def quick_jit_for(master: str, input_bytes: int) -> bool:
+    """Whether a fresh JVM for a batch run should compile with C1 only. O(1).
+
+    HotSpot compiles hot code twice: quickly (C1), then optimised (C2). On a
+    run of a few seconds, C2's compilations are most of the JVM's CPU and
+    finish too late to pay back: on a fresh JVM (``local[2]``, 2 vCPUs,
+    ``benchmarks/profile_pipeline.py --runs 1``, 2026-11-25) the batch job over
+    1e5 orders (20 MB) took 14.0 s with both compilers and 10.4 s with C1
+    only (JVM CPU 23.6 s against 13.7 s); over 3e5 orders (58 MB) 22.6–25.9 s
+    against 19.9–20.0 s. Over 1e6 orders (191 MB) C2 pays: 31.4 s against
+    35.7 s. So: C1 only for a local master and at most
+    :data:`QUICK_JIT_MAX_INPUT_BYTES` of input. A cluster's executors are
+    long-lived JVMs, and are left alone.
+    """
+    return master.startswith("local") and input_bytes <= QUICK_JIT_MAX_INPUT_BYTES
+
+
 def create_session(
     master: str = "local[2]",
     app_name: str = "tickwheel-pipeline",
     shuffle_partitions: int = 4,
     conf: dict[str, str] | None = None,
+    quick_jit: bool = False,
 ) -> SparkSession:
     """Start (or get) a SparkSession set up for the pipeline.
+
+    ``quick_jit`` starts the JVM with C1 only (:data:`QUICK_JIT_OPTIONS`; see
+    :func:`quick_jit_for`); it has no effect when a JVM is already running.
 
     Sets ``PYSPARK_PYTHON`` to this interpreter (else workers fall back to the
     system python), ``SPARK_LOCAL_IP`` to loopback when unset, turns off the UI
@@ -125,6 +155,8 @@ def create_session(
         .config("spark.driver.memory", "2g")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
+    if quick_jit:
+        builder = builder.config("spark.driver.extraJavaOptions", QUICK_JIT_OPTIONS)
     for name, value in (conf or {}).items():
         builder = builder.config(name, value)
     spark = builder.getOrCreate()
@@ -134,14 +166,23 @@ def create_session(
 
 #: The SQL settings each pipeline job runs with, in its own child session.
 #:
-#: Both jobs cache frames that are mostly unique strings (raw record text, ids,
-#: keys) for the few Spark jobs of one run or micro-batch. Compressing an
-#: in-memory cache first hashes every string value into a dictionary, 10,000
-#: rows at a time, before it gives up on a column of unique values: a JFR
-#: profile of the incremental benchmark (1e6 orders) put 17 % of the JVM's
-#: samples there. These caches are short-lived, so their CPU matters more than
-#: their size.
-JOB_SQL_SETTINGS = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+#: * No compression of in-memory caches. Both jobs cache frames that are
+#:   mostly unique strings (raw record text, ids, keys) for the few Spark jobs
+#:   of one run or micro-batch. Compressing a cache first hashes every string
+#:   value into a dictionary, 10,000 rows at a time, before it gives up on a
+#:   column of unique values: a JFR profile of the incremental benchmark (1e6
+#:   orders) put 17 % of the JVM's samples there. These caches are
+#:   short-lived, so their CPU matters more than their size.
+#: * No adaptive query execution. The jobs have no joins and set their own
+#:   partition counts, so AQE has nothing to re-plan, but it still splits each
+#:   query into stages planned one after another. Measured on a fresh JVM
+#:   (``benchmarks/profile_pipeline.py --runs 1``, 1e5 orders, 2026-11-25): the
+#:   batch job's first run took 10.0 s without it against 11.2–11.6 s with
+#:   it, two stages fewer; warm at 1e6 both took 14.3–14.8 s.
+JOB_SQL_SETTINGS = {
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    "spark.sql.adaptive.enabled": "false",
+}
 
 
 def job_session(spark: SparkSession, settings: Mapping[str, str] | None = None) -> SparkSession:
