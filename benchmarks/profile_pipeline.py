@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -82,10 +83,8 @@ def _cpu_snapshot(jvm: int) -> tuple[float, dict[int, float]]:
     """The JVM's CPU seconds, and each Python worker's (the JVM's descendants)."""
     workers = {}
     for pid in _descendants(jvm):
-        try:
+        with contextlib.suppress(OSError):  # the worker exited
             workers[pid] = _proc_cpu(pid)
-        except OSError:
-            pass
     return _proc_cpu(jvm), workers
 
 
@@ -116,7 +115,10 @@ def stages_by_job(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = event.get("Event")
         if kind == "SparkListenerJobStart":
             props = event.get("Properties") or {}
-            description[event["Job ID"]] = props.get("spark.job.description") or ""
+            text = " ".join((props.get("spark.job.description") or "").split())
+            if "batch = " in text:  # Structured Streaming's: id, runId, batch
+                text = "stream batch " + text.rsplit("batch = ", 1)[1].split()[0]
+            description[event["Job ID"]] = text
             for stage in event.get("Stage IDs", []):
                 job_of_stage.setdefault(stage, event["Job ID"])
         elif kind == "SparkListenerStageCompleted":
@@ -158,7 +160,8 @@ def print_stages(stages: list[dict[str, Any]], title: str) -> None:
     for s in stages:
         print(f"{s['stage']:>5} {s['wall_s']:>7.2f} {s['run_s']:>7.2f} {s['cpu_s']:>7.2f} "
               f"{s['gc_s']:>5.2f} {s['shuffle_w_mb']:>9.1f} {s['shuffle_r_mb']:>9.1f} "
-              f"{s['in_records']:>11,.0f}  {s['description'] or '-'}: {s['operators']}")  # fmt: skip
+              f"{s['in_records']:>11,.0f}  {s['description'] or '-'}: "
+              f"{s['operators']}")  # fmt: skip
     total = {k: sum(s[k] for s in stages) for k in ("wall_s", "run_s", "cpu_s")}
     print(f"{'sum':>5} {total['wall_s']:>7.2f} {total['run_s']:>7.2f} {total['cpu_s']:>7.2f}")
 
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=None, help="existing input (default: generate)")
     parser.add_argument("--files", type=int, default=8, help="files of generated input")
     parser.add_argument("--incremental", type=int, default=0, metavar="K",
-                        help="profile the stream over K increments instead of the batch job")  # fmt: skip
+                        help="profile the stream over K increments, not the batch")  # fmt: skip
     parser.add_argument("--runs", type=int, default=2, help="the first is cold")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--work-dir", default=None)
@@ -239,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             record = args.jfr is not None and run == args.runs - 1
             if record:
-                subprocess.run(["jcmd", str(jvm), "JFR.start", "name=profile", "settings=profile",
-                                f"filename={args.jfr}"], check=True, capture_output=True)  # fmt: skip
+                start = ["jcmd", str(jvm), "JFR.start", "name=profile", "settings=profile"]
+                subprocess.run([*start, f"filename={args.jfr}"], check=True, capture_output=True)
             jvm0, workers0 = _cpu_snapshot(jvm)
             t0 = time.time() * 1000
             wall = time.perf_counter()

@@ -18,10 +18,10 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .events import CORRUPT, _fields, key_column, parse_records
+from .events import CORRUPT, _fields, empty_frame, key_column, parse_records
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from .rules import Rules
 
@@ -45,7 +45,7 @@ class BatchReader:
         """(records, rejected rows) of ``files``; cost: one lazy frame per CSV/Parquet file."""
         from pyspark.sql import types as T
 
-        rejected = [spark.createDataFrame([], REJECTED_SCHEMA)]
+        rejected = [empty_frame(spark, REJECTED_SCHEMA)]
         parts: list[DataFrame] = []
         if files and self.input_format in ("json", "maxwell"):
             parts.append(self._json_lines(spark, files, rejected))
@@ -55,8 +55,8 @@ class BatchReader:
         else:
             for path in files:
                 self._parquet_file(spark, path, parts, rejected)
-        records = spark.createDataFrame(
-            [],
+        records = empty_frame(
+            spark,
             T.StructType(
                 [T.StructField("raw", T.StringType()), T.StructField("malformed", T.BooleanType())]
                 + [T.StructField(f"f_{f}", T.StringType()) for f in self.fields]
@@ -177,7 +177,7 @@ class BatchReader:
             )
         )
 
-    def parse(self, records: DataFrame, max_time_ms: int | None) -> DataFrame:
+    def parse(self, records: DataFrame, max_time_ms: int | Column | None) -> DataFrame:
         """The batch job's validation (with the far-future limit ``max_time_ms``). Lazy."""
         return parse_records(records, self.rules, max_time_ms)
 

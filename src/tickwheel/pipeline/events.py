@@ -36,16 +36,20 @@ from .rules import Rules
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 __all__ = [
     "DEFAULT_MAX_FUTURE_MS",
     "MAX_TIME_MS",
     "MISSING_FILE",
+    "empty_frame",
     "key_column",
+    "parameter",
     "parse_max_future",
     "parse_records",
     "raw_text_columns",
     "read_records",
+    "run_parameters",
 ]
 
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
@@ -60,6 +64,55 @@ ISO_PATTERN = (
     r"(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
 )
 CORRUPT = "_tickwheel_corrupt"
+
+
+def empty_frame(spark: SparkSession, schema: StructType | str) -> DataFrame:
+    """An empty frame of ``schema`` (a StructType or DDL), built in the JVM. O(1).
+
+    ``spark.createDataFrame([], schema)`` goes through a Python RDD: each job
+    that reads it runs a task per default partition in a Python worker, rows
+    or not. The stream built a few such frames per micro-batch (the rejected
+    rows' start, the records' start); this one is an empty local relation,
+    which Spark plans away.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    struct = T.StructType.fromDDL(schema) if isinstance(schema, str) else schema
+    assert isinstance(struct, T.StructType), schema
+    return spark.range(0).select(
+        *[F.lit(None).cast(field.dataType).alias(field.name) for field in struct.fields]
+    )
+
+
+def run_parameters(spark: SparkSession, **values: int | None) -> DataFrame:
+    """A one-row frame of a run's values, to cross-join where a query needs them. O(1).
+
+    Columns ``_p_<name>`` (long; None is null); read them with
+    :func:`parameter`. Spark compiles each stage of a query to Java and writes
+    every literal into the code. A value that changes from one micro-batch (or
+    run) to the next, such as a watermark or the far-future limit, made each
+    batch's code new: Spark compiled 14 classes per micro-batch, and the JVM
+    ran them interpreted until its JIT compiled them again, which took more of
+    the stream's CPU than its tasks did (at 1e6 orders in 10 increments: 27.7
+    s of JIT threads against 36.5 s of task threads, 2026-11-25). A value read
+    from a broadcast local table is data, not code: the code stays the same
+    from batch to batch, and Spark's and the JIT's caches keep it.
+    """
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import functions as F
+
+    table = pa.table(
+        {f"_p_{name}": pa.array([value], pa.int64()) for name, value in values.items()}
+    )
+    return F.broadcast(spark.createDataFrame(table))
+
+
+def parameter(name: str) -> Column:
+    """The column of :func:`run_parameters`' value ``name``. O(1)."""
+    from pyspark.sql import functions as F
+
+    return F.col(f"_p_{name}")
 
 
 def key_column(index: int) -> str:
@@ -167,11 +220,14 @@ def _missing(col: Column) -> Column:
     return col.isNull() | (col == F.lit(""))
 
 
-def parse_records(records: DataFrame, rules: Rules, max_time_ms: int | None = None) -> DataFrame:
+def parse_records(
+    records: DataFrame, rules: Rules, max_time_ms: int | Column | None = None
+) -> DataFrame:
     """Validate ``records`` (from :func:`read_records`) with Spark SQL expressions.
 
     ``max_time_ms`` is the far-future guard's limit: a later event time is
-    rejected as ``far_future`` (None: no guard).
+    rejected as ``far_future`` (None: no guard). It may be a column, such as
+    a :func:`parameter`, so that the query's code does not change with it.
 
     Output columns: ``raw``, ``reason`` (None for a valid record), ``event_id``,
     ``event_type``, ``time`` (epoch ms), ``seq``, ``k0..kN`` (one per key field of
@@ -219,7 +275,8 @@ def parse_records(records: DataFrame, rules: Rules, max_time_ms: int | None = No
         )
     reason = reason.when(~time_ok, F.lit("bad_time"))
     if max_time_ms is not None:
-        reason = reason.when(time_col > F.lit(max_time_ms), F.lit("far_future"))
+        limit = max_time_ms if not isinstance(max_time_ms, int) else F.lit(max_time_ms)
+        reason = reason.when(time_col > limit, F.lit("far_future"))
     reason = reason.when(seq.isNull(), F.lit("bad_sequence"))
     return records.select(
         "raw",

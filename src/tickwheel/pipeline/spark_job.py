@@ -39,9 +39,11 @@ from .events import (
     DEFAULT_MAX_FUTURE_MS,
     MISSING_FILE,
     key_column,
+    parameter,
     parse_records,
     raw_text_columns,
     read_records,
+    run_parameters,
 )
 from .rules import KIND_CANCEL, KIND_COMPLETE, KIND_OPEN, Rules
 
@@ -661,7 +663,12 @@ def _classified_records(
 
     # A file listed, then removed before it was read: one rejected row.
     present = [f for f in files if os.path.exists(f)]
-    parsed = parse_records(read_records(spark, present, rules), rules, future_limit)
+    records = read_records(spark, present, rules)
+    if future_limit is None:
+        parsed = parse_records(records, rules)
+    else:  # the limit moves with the clock: a parameter, so the code stays the same
+        limit = run_parameters(spark, limit=future_limit)
+        parsed = parse_records(records.crossJoin(limit), rules, parameter("limit"))
     if len(present) < len(files):
         gone = [f for f in files if f not in set(present)]
         parsed = parsed.unionByName(_missing_file_rows(spark, parsed, gone))
