@@ -527,11 +527,11 @@ def main(argv: list[str] | None = None) -> int:
         for n, rate in sorted(rates.items()):
             targets.append((f"events/s at {n:,} orders vs applyInPandasWithState at {aip_n:,}",
                             rate / aip_rate, ">= 100x" if n >= aip_n else "(report)"))  # fmt: skip
-    print(f"\n{'target':62} {'measured':>9} {'target':>9}  verdict")
+    print(f"\n{'target':72} {'measured':>9} {'target':>9}  verdict")
     for name, value, target in targets:
         bound = float(target[3:-1]) if target.startswith(">= ") else None
         verdict = "" if bound is None else ("met" if value >= bound else "NOT met")
-        print(f"{name:62} {value:>8.2f}x {target:>9}  {verdict}")
+        print(f"{name:72} {value:>8.2f}x {target:>9}  {verdict}")
     return 0
 
 

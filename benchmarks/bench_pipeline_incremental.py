@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"workers {m['worker_rss']:,.0f} / {m['worker_peak']:,.0f}, "
                   f"driver {m['driver_peak']:,.0f}")  # fmt: skip
     print()
-    print(f"{'target':58} {'measured':>12} {'target':>10}  verdict")
+    print(f"{'target':72} {'measured':>10} {'target':>10}  verdict")
     rows = []
     if n > 0:
         rows.append((f"incremental / batch time at {n:,} ({args.increments} increments)",
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                      aip_s / min(skeleton_runs), "(floor)", None))  # fmt: skip
     for name, value, target, ok in rows:
         verdict = "" if ok is None else ("met" if ok else "NOT met")
-        print(f"{name:58} {value:>11.2f}x {target:>10}  {verdict}")
+        print(f"{name:72} {value:>9.2f}x {target:>10}  {verdict}")
     print(f"driver heap: {per_pending:.0f} B per pending operation (tracemalloc, 100k ops)")
     print(
         f"checkpoint: {_parquet_bytes_per_pending():.1f} B per pending operation "
