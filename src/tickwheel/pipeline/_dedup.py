@@ -5,20 +5,16 @@ that sorts first (the stream first prefers a copy it has already applied),
 count copies with the kept one's content as duplicates, and reject the others
 as conflicts. Both rank the copies with :func:`rank_copies`.
 
-Why the window is built the way it is (measured with
-``benchmarks/profile_pipeline.py`` at 1e6 orders, JFR on the JVM):
-
-* **A hash first.** A window sorts its rows by its partition columns, then
-  its order columns. Spark compares rows by an 8-byte prefix of the first
-  sort column before it compares whole rows; event ids share their leading
-  bytes (``e00000…``) and a reason column is null on most rows, so every
-  comparison fell through to the whole row and the window's sort was a fifth
-  of the job's JVM samples. Partitioning by ``xxhash64`` of the columns
-  first gives a prefix that differs between nearly any two ids; rows of one
-  id still meet in one window.
-* **Content compared column by column**, null-safe, instead of as one struct:
-  ``first(struct)`` builds a generic row per input row, which the
-  comparison then walks field by field through interpreted code.
+The window sorts every record, raw text included, by its group and its
+order; sorting (this window's and the key partitions') and the window are
+about a fifth of the batch job's JVM samples at 1e6 orders
+(``benchmarks/profile_pipeline.py --jfr``; see ``docs/benchmarks.md``). A
+variant that sorted by a 64-bit hash of the group first, to give Spark's
+sort a prefix that tells ids apart, and compared the content column by
+column, measured no faster than sorting by the group and comparing one
+struct (6.4–6.7 s against 6.5–6.6 s, alternating in one process, ``noop``
+sink, 1e6 orders, 2026-11-25). So the group is sorted as it is; the content
+is compared column by column, nulls equal to nulls, as a struct's equality.
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ def rank_copies(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    window = Window.partitionBy(F.xxhash64(*by), *by).orderBy(*order)
+    window = Window.partitionBy(*by).orderBy(*order)
     kept = [F.first(name).over(window).alias(f"_kept_{i}") for i, name in enumerate(content)]
     ranked = frame.select("*", F.row_number().over(window).alias("_rn"), *kept)
     same = F.lit(True)
