@@ -419,6 +419,7 @@ def _floor_call_at(
 def _floor_call_later(
     self: Any, delay: float, callback: Callable[..., Any], *args: Any, context: Any = None
 ) -> _DropInFloorHandle:
+    # _floor_call_at's body, not a call to it: the floor pays one frame per call.
     when = self.time() + delay
     handle = _new_drop_in_floor_handle(_DropInFloorHandle)
     handle._when = when

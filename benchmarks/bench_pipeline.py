@@ -307,6 +307,13 @@ def raw_skeleton(spark: Any, data: Path, partitions: int) -> None:
     )
 
 
+#: The floors each size runs: (name, job, what its row's check column says).
+FLOORS = (
+    ("skeleton", skeleton, "no outputs: the least Spark work of such a job"),
+    ("raw skeleton", raw_skeleton, "no outputs: the least Spark work of these semantics"),
+)
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -395,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
 
             ours_s: list[float] = []
             theirs_s: list[float] = []
-            skeleton_s: list[tuple[float, float]] = []  # (wall s, JVM CPU s) per run
-            raw_s: list[tuple[float, float]] = []  # the same, of raw_skeleton
+            # (wall s, JVM CPU s) per run of each floor
+            floor_runs: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in FLOORS}
             best_summary: dict[str, Any] = {}
             check = ""
             for attempt in range(args.repeat):
@@ -422,21 +429,13 @@ def main(argv: list[str] | None = None) -> int:
                 theirs_s.append(seconds)
                 print(f"dataframe run {attempt + 1}: {seconds:.1f}s")
 
-                t = time.perf_counter()
-                cpu = _cpu_seconds(jvm_pid)
-                skeleton(spark, data, args.partitions)
-                seconds = time.perf_counter() - t
-                skeleton_cpu = _cpu_seconds(jvm_pid) - cpu
-                skeleton_s.append((seconds, skeleton_cpu))
-                print(f"skeleton run {attempt + 1}: {seconds:.1f}s, JVM CPU {skeleton_cpu:.1f}s")
-
-                t = time.perf_counter()
-                cpu = _cpu_seconds(jvm_pid)
-                raw_skeleton(spark, data, args.partitions)
-                seconds = time.perf_counter() - t
-                raw_s.append((seconds, _cpu_seconds(jvm_pid) - cpu))
-                print(f"raw skeleton run {attempt + 1}: {seconds:.1f}s, "
-                      f"JVM CPU {raw_s[-1][1]:.1f}s")  # fmt: skip
+                for name, job, _check in FLOORS:
+                    t = time.perf_counter()
+                    cpu = _cpu_seconds(jvm_pid)
+                    job(spark, data, args.partitions)
+                    seconds, cpu = time.perf_counter() - t, _cpu_seconds(jvm_pid) - cpu
+                    floor_runs[name].append((seconds, cpu))
+                    print(f"{name} run {attempt + 1}: {seconds:.1f}s, JVM CPU {cpu:.1f}s")
             rows.append({
                 "orders": n, "who": "tickwheel", "seconds": min(ours_s), "first": ours_s[0],
                 "records": records, "loop": best_summary["loop"]["events_per_s"],
@@ -448,24 +447,20 @@ def main(argv: list[str] | None = None) -> int:
                 "records": records, "loop": None, "check": check,
                 "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
             })  # fmt: skip
-            best_skeleton = min(skeleton_s)  # the fastest run, with its own CPU time
-            rows.append({
-                "orders": n, "who": "skeleton (floor)", "seconds": best_skeleton[0],
-                "first": skeleton_s[0][0], "records": records, "loop": None,
-                "check": "no outputs: the least Spark work of such a job",
-                "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
-            })  # fmt: skip
-            best_raw = min(raw_s)
-            rows.append({
-                "orders": n, "who": "raw skeleton (floor)", "seconds": best_raw[0],
-                "first": raw_s[0][0], "records": records, "loop": None,
-                "check": "no outputs: the least Spark work of these semantics",
-                "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
-            })  # fmt: skip
+            for name, _job, floor_check in FLOORS:
+                runs = floor_runs[name]
+                rows.append({
+                    "orders": n, "who": f"{name} (floor)", "seconds": min(runs)[0],
+                    "first": runs[0][0], "records": records, "loop": None, "check": floor_check,
+                    "jvm_mb": _vm_hwm_mb(jvm_pid), "driver_mb": _vm_hwm_mb(os.getpid()),
+                })  # fmt: skip
             rule_events = best_summary["loop"]["applied"]
             rate = args.loop_target or best_summary["loop"]["events_per_s"]
             loop_cpu = rule_events / rate
-            for name, (wall, cpu) in (("skeleton", best_skeleton), ("raw skeleton", best_raw)):
+            # The fastest run of each floor, with its own CPU time; the last (the raw
+            # skeleton, the floor of these semantics) also bounds applyInPandasWithState.
+            for name, *_ in FLOORS:
+                wall, cpu = min(floor_runs[name])
                 floor_s = max(wall, (cpu + loop_cpu) / cores)
                 floors.append(
                     f"floor at {n:,} orders: {name} {wall:.1f} s wall, {cpu:.1f} s JVM CPU; "

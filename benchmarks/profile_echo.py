@@ -17,11 +17,8 @@ and CPython 3.11's ``base_events.py`` (the line numbers below).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -75,31 +72,10 @@ def profile(loop: str, connections: int, messages: int, idle: float, rate: int) 
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / f"{loop}.raw"
-        child = subprocess.Popen(
-            [py_spy, "record", "--native", "--rate", str(rate), "--format", "raw",
-             "-o", str(raw), "--", sys.executable, echo_idle.__file__, "--serve", loop,
-             "--connections", str(connections), "--idle", str(idle)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        try:
-            assert child.stdout is not None
-            port = None
-            while port is None:  # py-spy's own lines come first
-                line = child.stdout.readline()
-                if not line:
-                    raise RuntimeError("the server did not start")
-                if line.startswith("{"):
-                    port = json.loads(line)["port"]
-            echo_idle._raise_fd_limit(connections + 100)
-            client = asyncio.run(echo_idle._client(port, connections, messages))
-            server = json.loads(child.stdout.readline())
-            child.wait(timeout=120)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait(timeout=10)
-        ok = server["lines"] == client["echoed"] == connections * messages
-        ok = ok and server["timeouts"] == client["silent"]
+        wrapper = [py_spy, "record", "--native", "--rate", str(rate), "--format", "raw",
+                   "-o", str(raw), "--"]  # fmt: skip
+        seen = echo_idle.run_one(loop, connections, messages, idle, wrapper, wait_s=120)
+        ok = echo_idle.traffic_ok(seen, connections, messages)
         return shares(raw) | {"ok": float(ok)}
 
 

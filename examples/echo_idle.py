@@ -27,6 +27,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 LOOPS = ("stock", "tickwheel")
@@ -119,26 +120,52 @@ async def _client(port: int, connections: int, messages: int) -> dict[str, int]:
     return {"echoed": echoed, "silent": connections - active}
 
 
-def run_one(loop_kind: str, connections: int, messages: int, idle: float) -> dict[str, Any]:
-    """Start the server on ``loop_kind``, drive it, and return what both sides saw."""
+def run_one(
+    loop_kind: str,
+    connections: int,
+    messages: int,
+    idle: float,
+    wrapper: Sequence[str] = (),
+    wait_s: float = 60,
+) -> dict[str, Any]:
+    """Start the server on ``loop_kind``, drive it, and return what both sides saw.
+
+    ``wrapper`` runs the server under another command (a profiler, say), whose
+    own output lines, before the server's first JSON line, are skipped.
+    """
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", loop_kind, "--connections", str(connections),
-         "--idle", str(idle)],
+        [*wrapper, sys.executable, __file__, "--serve", loop_kind,
+         "--connections", str(connections), "--idle", str(idle)],
         stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if wrapper else None,
         text=True,
     )  # fmt: skip
     try:
         assert child.stdout is not None
-        port = json.loads(child.stdout.readline())["port"]
+        port = None
+        while port is None:
+            line = child.stdout.readline()
+            if not line:
+                raise RuntimeError("the server did not start")
+            if line.startswith("{"):
+                port = json.loads(line)["port"]
         _raise_fd_limit(connections + 100)
         client = asyncio.run(_client(port, connections, messages))
         server = json.loads(child.stdout.readline())
-        child.wait(timeout=60)
+        child.wait(timeout=wait_s)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait(timeout=10)
     return {**server, **client}
+
+
+def traffic_ok(seen: dict[str, Any], connections: int, messages: int) -> bool:
+    """Every line echoed, and exactly the silent connections timed out."""
+    return bool(
+        seen["lines"] == seen["echoed"] == connections * messages
+        and seen["timeouts"] == seen["silent"]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'loop':<34} {'server CPU s':>12} {'lines':>9} {'timeouts':>9}  check")
     for name in loops:
         r = run_one(name, args.connections, args.messages, args.idle)
-        good = (
-            r["lines"] == r["echoed"] == args.connections * args.messages
-            and r["timeouts"] == r["silent"]
-        )
+        good = traffic_ok(r, args.connections, args.messages)
         ok = ok and good
         label = f"{name} ({r['loop']})"
         print(

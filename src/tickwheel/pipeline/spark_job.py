@@ -72,18 +72,6 @@ UNMATCHED_COLUMNS = ("rule", "key", "event_id", "event_type", "event_time", "rea
 REJECTED_COLUMNS = ("event_id", "reason", "raw", "raw_bytes")
 BUFFERED_COLUMNS = ("rule", "key", "event_id", "event_type", "event_time", "seq")
 
-# The rows mapInArrow yields: one union schema, ``k`` says which output a row is for.
-#   k="o" outcome:   id=op_id, t0=opened_at, t1=deadline, s=outcome, t2=resolved_at, ref=resolve id
-#   k="u" unmatched: id=event_id, t0=event_time, s=reason, ref=event_type
-#   k="b" buffered:  id=event_id, t0=event_time, t1=seq, ref=event_type
-#   k="r" rejected:  id=event_id, s=reason, ref=raw (valid UTF-8), raw_bytes=its exact bytes
-#   k="s" stats:     s=JSON of the partition's counters and timings
-UNION_DDL = (
-    "k string, rule int, key string, id string, t0 long, t1 long, s string, t2 long, ref string,"
-    " raw_bytes binary"
-)
-OUTPUTS = ("outcomes", "unmatched", "rejected", "buffered")
-
 Progress = Callable[[str], None]
 
 
