@@ -2,11 +2,10 @@
 
 :meth:`MicroBatch.run` calls them in order; each step is one method:
 
-1. :meth:`~MicroBatch.read` the plan's files: validated events, rejected rows,
-   and the counts the warnings need;
-2. :meth:`~MicroBatch.split_late`: events below the previous watermark go to
-   ``late/``;
-3. :meth:`~MicroBatch.deduplicate` against the carried events;
+1. :meth:`~MicroBatch.read` the plan's files and validate their records;
+2. :meth:`~MicroBatch.classify` them with the carried events in one window by
+   event id (late and rejected records in windows of their own), persisted;
+3. :meth:`~MicroBatch.count` them in one aggregate, the batch's first action;
 4. :meth:`~MicroBatch.advance_watermark`;
 5. :meth:`~MicroBatch.run_purgatory`: the kept events fanned out to their
    rules, with the carried operations, through one processor per partition;
@@ -25,7 +24,7 @@ from ._checkpoint import fault, read_json, write_json
 from .events import MISSING_FILE, empty_frame, parameter, run_parameters
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
     from .stream import StreamJob
 
@@ -103,13 +102,13 @@ class MicroBatch:
     def run(self) -> dict[str, Any]:
         """Compute the batch and commit it; return its counts and warnings."""
         try:
-            events, heartbeat_times = self.read()
-            events, late = self.split_late(events)
-            ranked, max_new = self.deduplicate(events)
+            parsed, heartbeat_times = self.read()
+            classified = self.classify(parsed)
+            max_new = self.count(classified)
             self.job._mark("parse+dedup")
             w_new, max_time = self.advance_watermark(max_new, heartbeat_times)
-            proc_out = self.run_purgatory(ranked, w_new)
-            tables, next_state = self.outputs(proc_out, late)
+            proc_out = self.run_purgatory(classified, w_new)
+            tables, next_state = self.outputs(classified, proc_out)
             warnings = abnormal_batch_warnings(
                 arrived=self.counts.pop("_arrived"),
                 late=self.counts["late"],
@@ -125,14 +124,12 @@ class MicroBatch:
         return {**self.counts, "watermark": w_new, "warnings": warnings}
 
     def read(self) -> tuple[DataFrame, list[int]]:
-        """The plan's files → (valid events, heartbeat times); rejected rows are kept aside.
+        """The plan's files → (validated records, heartbeat times). Lazy.
 
-        A file listed, then removed before this batch read it, is one rejected
-        row. The first Spark action on the (persisted) parsed records counts
-        the valid, late and far-future ones.
+        Unreadable files, and a file listed then removed before this batch
+        read it, are rejected rows kept aside; the records carry a ``reason``
+        (None for a valid one) from the batch job's validation.
         """
-        from pyspark.sql import functions as F
-
         from ._stream_read import HEARTBEAT_SUFFIX
 
         files = [p[len("file:") :] if p.startswith("file:") else p for p in self.plan["files"]]
@@ -150,106 +147,94 @@ class MicroBatch:
         limit = None if max_future is None else int(self.plan["now_ms"]) + max_future
         # This batch's values as data, not literals: see run_parameters.
         self.params = run_parameters(self.spark, limit=limit, w_prev=self.w_prev)
-        parsed = self._persist(
-            reader.parse(
-                records.crossJoin(self.params), None if limit is None else parameter("limit")
-            )
+        parsed = reader.parse(
+            records.crossJoin(self.params), None if limit is None else parameter("limit")
         )
-        self.rejected_parts += [
-            rejected_read,
-            parsed.where(F.col("reason").isNotNull()).select("event_id", "reason", "raw"),
-        ]
+        self.rejected_parts.append(rejected_read)
         if file_rejects:
             self.rejected_parts.append(self.spark.createDataFrame(file_rejects, REJECTED_SCHEMA))
-        valid, reason = F.col("reason").isNull(), F.col("reason")
-        is_late = valid & self._is_late()
-        seen = (
-            parsed.crossJoin(self.params)
-            .agg(
-                F.sum(F.when(valid, 1).otherwise(0)).alias("valid"),
-                F.sum(F.when(is_late, 1).otherwise(0)).alias("late"),
-                F.sum(F.when(reason == "far_future", 1).otherwise(0)).alias("far_future"),
-            )
-            .collect()[0]
-        )
-        self.counts["_arrived"] = int(seen["valid"] or 0)
-        self.counts["late"] = int(seen["late"] or 0)
-        self.counts["far_future"] = int(seen["far_future"] or 0)
-        return reader.events(parsed), heartbeat_times
+        return parsed, heartbeat_times
 
-    def split_late(self, events: DataFrame) -> tuple[DataFrame, DataFrame]:
-        """(events at or above the previous watermark, the ``late`` table's rows)."""
-        from pyspark.sql import functions as F
+    def classify(self, parsed: DataFrame) -> DataFrame:
+        """The batch's records and the carried events in one window by event id. Persisted.
 
-        events = events.crossJoin(self.params)
-        late = events.where(self._is_late()).select(
-            "event_id",
-            "event_type",
-            F.col("time").alias("event_time"),
-            *[F.col(c).alias(c[2:]) for c in self.key_cols],
-            parameter("w_prev").alias("watermark"),
-            F.lit("late: event time below the watermark").alias("reason"),
-            "raw",
-        )
-        return events.where(~self._is_late()).select(*self.event_cols), late
+        Columns: the event columns, ``reason`` (rejected records), ``_late``
+        (valid, below the previous watermark: for ``late/``), ``_old`` (a
+        carried event), ``_applied`` (carried and at or below the previous
+        watermark), ``_live`` (neither rejected nor late), and the window's
+        ``_rn`` and ``_same`` (:func:`._dedup.rank_copies`).
 
-    def _is_late(self) -> Column:
-        """Below the previous watermark (never, before the first): needs :attr:`params`."""
-        from pyspark.sql import functions as F
-
-        return F.coalesce(F.col("time") < parameter("w_prev"), F.lit(False))
-
-    def deduplicate(self, events: DataFrame) -> tuple[DataFrame, int | None]:
-        """Rank the new events with the carried ones by event id; return (ranked, max new time).
-
-        A copy already applied stays the kept one; otherwise the smallest
-        (time, sequence, raw). Copies with the kept content are duplicates,
-        the others conflicts (rejected).
+        The live records are ranked by event id with the carried events: a
+        copy already applied stays the kept one; otherwise the smallest (time,
+        sequence, raw). Copies with the kept content are duplicates, the others
+        conflicts. Rejected and late records fall in windows of their own
+        (partitioned by reason and lateness too), as in the batch job, so the
+        records are read and parsed once and kept once.
         """
         from pyspark.sql import functions as F
 
         from ._dedup import rank_copies
+        from .events import key_column
 
-        new = events.select(*self.event_cols).select(
-            "*", F.lit(False).alias("_old"), F.lit(False).alias("_applied")
+        valid = F.col("reason").isNull()
+        new = parsed.crossJoin(self.params).select(
+            "event_id",
+            "event_type",
+            "time",
+            "seq",
+            "raw",
+            *[F.col(key_column(i)).alias(c) for i, c in enumerate(self.key_cols)],
+            "reason",
+            (valid & F.coalesce(F.col("time") < parameter("w_prev"), F.lit(False))).alias("_late"),
+            F.lit(False).alias("_old"),
+            F.lit(False).alias("_applied"),
         )
         path = self._previous_state("events")
         if path is not None:
             # The schema is known: giving it spares Spark a job reading the footers.
-            old = self.spark.read.schema(events.select(*self.event_cols).schema).parquet(path)
+            old = self.spark.read.schema(new.select(*self.event_cols).schema).parquet(path)
             old = old.crossJoin(self.params).select(
                 *self.event_cols,
+                F.lit(None).cast("string").alias("reason"),
+                F.lit(False).alias("_late"),
                 F.lit(True).alias("_old"),
                 F.coalesce(F.col("time") <= parameter("w_prev"), F.lit(False)).alias("_applied"),
             )
+            records = old.unionByName(new)
         else:
-            old = new.where(F.lit(False)).withColumn("_old", F.lit(True))
-        ranked = self._persist(
-            rank_copies(
-                old.unionByName(new),
-                by=["event_id"],
-                order=[F.col("_applied").desc(), "time", "seq", "raw"],
-                content=["event_type", "time", "seq", *self.key_cols],
-            )
+            records = new
+        ranked = rank_copies(
+            records,
+            by=["reason", "_late", "event_id"],
+            order=[F.col("_applied").desc(), "time", "seq", "raw"],
+            content=["event_type", "time", "seq", *self.key_cols],
         )
-        first_new = (F.col("_rn") == 1) & ~F.col("_old")
-        copy = F.col("_rn") > 1
-        stats = ranked.agg(
+        return self._persist(ranked.withColumn("_live", valid & ~F.col("_late")))
+
+    def count(self, classified: DataFrame) -> int | None:
+        """One aggregate over the classified records (their first action): the batch's
+        counts into :attr:`counts`; return the largest new kept event time."""
+        from pyspark.sql import functions as F
+
+        live, new = F.col("_live"), ~F.col("_old")
+        first_new = live & (F.col("_rn") == 1) & new
+        copy = live & (F.col("_rn") > 1)
+        seen = classified.agg(
+            F.sum(F.when(new & F.col("reason").isNull(), 1).otherwise(0)).alias("valid"),
+            F.sum(F.when(F.col("_late"), 1).otherwise(0)).alias("late"),
+            F.sum(F.when(F.col("reason") == "far_future", 1).otherwise(0)).alias("far_future"),
             F.max(F.when(first_new, F.col("time"))).alias("max_new"),
             F.min(F.when(first_new, F.col("time"))).alias("min_new"),
             F.sum(F.when(first_new, 1).otherwise(0)).alias("events"),
             F.sum(F.when(copy & F.col("_same"), 1).otherwise(0)).alias("duplicates"),
             F.sum(F.when(copy & ~F.col("_same"), 1).otherwise(0)).alias("conflicts"),
         ).collect()[0]
-        for name in ("events", "duplicates", "conflicts"):
-            self.counts[name] = int(stats[name] or 0)
-        self.new_span = (stats["min_new"], stats["max_new"])
-        self.rejected_parts.append(
-            ranked.where(copy & ~F.col("_same")).select(
-                "event_id", F.lit("conflict").alias("reason"), "raw"
-            )
-        )
-        return ranked, stats["max_new"]
+        self.counts["_arrived"] = int(seen["valid"] or 0)
+        for name in ("late", "far_future", "events", "duplicates", "conflicts"):
+            self.counts[name] = int(seen[name] or 0)
+        self.new_span = (seen["min_new"], seen["max_new"])
+        max_new: int | None = seen["max_new"]
+        return max_new
 
     def advance_watermark(
         self, max_new: int | None, heartbeat_times: list[int]
@@ -262,16 +247,16 @@ class MicroBatch:
         w_new = max_time - self.rules.input.allowed_lateness_ms
         return (w_new if self.w_prev is None else max(self.w_prev, w_new)), max_time
 
-    def run_purgatory(self, ranked: DataFrame, w_new: int | None) -> DataFrame:
+    def run_purgatory(self, classified: DataFrame, w_new: int | None) -> DataFrame:
         """The kept, not yet applied events up to ``w_new``, fanned out to their rules,
         and the carried operations, through one processor per (rule, key) partition."""
         from pyspark.sql import functions as F
 
         self.params_new = run_parameters(self.spark, w_new=w_new)
-        self.next_events = self._next_events(ranked, w_new)
+        self.next_events = self._next_events(classified, w_new)
         if w_new is None:
             return empty_frame(self.spark, PROC_OUT_SCHEMA)
-        kept = ranked.where(F.col("_rn") == 1).crossJoin(self.params_new)
+        kept = classified.where(F.col("_live") & (F.col("_rn") == 1)).crossJoin(self.params_new)
         todo = kept.where(~F.col("_applied") & (F.col("time") <= parameter("w_new")))
         rows = []
         for rule in self.rules.rules:  # one row per (rule, event) whose type the rule uses
@@ -317,20 +302,39 @@ class MicroBatch:
             )
         )
 
-    def _next_events(self, ranked: DataFrame, w_new: int | None) -> DataFrame:
+    def _next_events(self, classified: DataFrame, w_new: int | None) -> DataFrame:
         """The carried events of the next state: kept ones at or above the new watermark."""
         from pyspark.sql import functions as F
 
-        kept = ranked.where(F.col("_rn") == 1)
+        kept = classified.where(F.col("_live") & (F.col("_rn") == 1))
         if w_new is not None:
             kept = kept.crossJoin(self.params_new).where(F.col("time") >= parameter("w_new"))
         return kept.select(*self.event_cols)
 
     def outputs(
-        self, proc_out: DataFrame, late: DataFrame
+        self, classified: DataFrame, proc_out: DataFrame
     ) -> tuple[dict[str, DataFrame], dict[str, DataFrame]]:
         """(the batch's tables for the sink, the next state's ``events`` and ``ops``)."""
         from pyspark.sql import functions as F
+
+        late = (
+            classified.where(F.col("_late"))
+            .crossJoin(self.params)
+            .select(
+                "event_id",
+                "event_type",
+                F.col("time").alias("event_time"),
+                *[F.col(c).alias(c[2:]) for c in self.key_cols],
+                parameter("w_prev").alias("watermark"),
+                F.lit("late: event time below the watermark").alias("reason"),
+                "raw",
+            )
+        )
+        conflict = F.col("_live") & (F.col("_rn") > 1) & ~F.col("_same")
+        self.rejected_parts += [
+            classified.where(F.col("reason").isNotNull()).select("event_id", "reason", "raw"),
+            classified.where(conflict).select("event_id", F.lit("conflict").alias("reason"), "raw"),
+        ]
 
         kind = F.col("kind")
         outcomes = proc_out.where(kind == "outcome").select(

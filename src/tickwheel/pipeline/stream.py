@@ -187,12 +187,15 @@ def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -
     return pc.fill_null(pc.and_kleene(carriable, pc.invert(touched)), False)
 
 
+#: The event columns the processor reads (rule and type give its rule index and kind).
+EVENT_INPUT_COLUMNS = ("rule", "key", "time", "seq", "event_id", "event_type")
+
+
 def _process_increment(
     rules: Rules, start_ms: int | None, watermark_ms: int, batches: Iterator[pa.RecordBatch]
 ) -> list[pa.RecordBatch]:
     """One partition's rows in; its outputs and next state out (no rows in: none out)."""
     from itertools import repeat
-    from operator import itemgetter
 
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -257,7 +260,12 @@ def _process_increment(
             )
         )
     if event_rows.num_rows:
-        c = event_rows.to_pydict()
+        # Sorted by (time, seq, event id, rule index) in Arrow, not as Python tuples.
+        rule_index = pc.index_in(event_rows["rule"], value_set=pa.array(names, pa.string()))
+        event_rows = event_rows.append_column("_rule", rule_index).sort_by(
+            [(name, "ascending") for name in ("time", "seq", "event_id", "_rule")]
+        )
+        c = {name: event_rows[name].to_pylist() for name in EVENT_INPUT_COLUMNS}
         try:
             rule_kind = list(map(kind_of.__getitem__, zip(c["rule"], c["event_type"], strict=True)))
         except KeyError as exc:  # the fan-out selects only the rules' types
@@ -277,7 +285,6 @@ def _process_increment(
         )
     if not state and not events:
         return out
-    events.sort(key=itemgetter(2, 3, 4, 0))  # (time, seq, event id, rule)
     proc = PartitionProcessor(
         rules, rules.input.allowed_lateness_ms, state=state, start_ms=start_ms
     )
@@ -286,8 +293,8 @@ def _process_increment(
         proc.finish(watermark_ms)
         if proc.buffered_events():  # cannot happen: only events <= watermark come in
             raise AssertionError(f"unexpected buffered events: {proc.buffered_events()[:3]}")
-        out.append(
-            _processed_batch(
+        out.extend(
+            _processed_batches(
                 pa,
                 out_schema,
                 names,
@@ -302,7 +309,7 @@ def _process_increment(
         proc.close()
 
 
-def _processed_batch(
+def _processed_batches(
     pa: Any,
     schema: Any,
     names: Sequence[str],
