@@ -1,4 +1,4 @@
-"""``tickwheel pipeline generate|run|report``.
+"""``tickwheel pipeline generate|run|prepare|report`` (``stream`` is in ``stream``).
 
 Importing this module must stay cheap: pyspark, pandas and matplotlib are
 imported inside the commands, so ``tickwheel --help`` does not start them.
@@ -88,14 +88,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(message, flush=True)
 
+    from ._class_archive import find
+
     started = time.perf_counter()
     jit = "C1 only" if quick else "C1 and C2"
     size = f"{input_bytes / 2**20:,.0f} MB"
-    say(f"[    0.0s] starting Spark ({args.master}; JIT: {jit}, for {size} of input)")
+    archive = find() if args.master.startswith("local") else None
+    classes = "class archive" if archive else "no class archive: see `tickwheel pipeline prepare`"
+    say(f"[    0.0s] starting Spark ({args.master}; JIT: {jit}, for {size} of input; {classes})")
     from pyspark.sql import SparkSession
 
     existing = SparkSession.getActiveSession()
-    spark = create_session(args.master, shuffle_partitions=args.partitions or 4, quick_jit=quick)
+    spark = create_session(
+        args.master,
+        shuffle_partitions=args.partitions or 4,
+        quick_jit=quick,
+        class_archive=archive,
+    )
     say(f"[{time.perf_counter() - started:7.1f}s] Spark {spark.version} is up")
     try:
         summary = run_job(
@@ -116,6 +125,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print()
     print(render_summary(summary), end="")
     print(f"\noutputs in {args.output}: outcomes/ unmatched/ rejected/ buffered/ summary.json")
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from ._class_archive import ArchiveError, build
+
+    try:
+        build(force=args.force)
+    except ArchiveError as exc:
+        print(f"tickwheel pipeline prepare: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -176,6 +196,15 @@ def add_pipeline_parser(subparsers: Any) -> None:
     )
     add_stream_arguments(stream)
     stream.set_defaults(func=run_stream_command)
+
+    prepare = sub.add_parser(
+        "prepare",
+        help="archive the JVM classes a job loads, so that cold starts are faster (~190 MB)",
+        description="Record, check and install a class-data archive (AppCDS) for this JVM "
+        "and Spark; local runs then use it (TICKWHEEL_CLASS_ARCHIVE=off: not).",
+    )
+    prepare.add_argument("--force", action="store_true", help="record it again")
+    prepare.set_defaults(func=_cmd_prepare)
 
     report = sub.add_parser("report", help="print the summary and write PNG plots")
     report.add_argument("output", help="a pipeline output directory")

@@ -105,11 +105,15 @@ def create_session(
     shuffle_partitions: int = 4,
     conf: dict[str, str] | None = None,
     quick_jit: bool = False,
+    class_archive: str | os.PathLike[str] | None = None,
 ) -> SparkSession:
     """Start (or get) a SparkSession set up for the pipeline.
 
     ``quick_jit`` starts the JVM with C1 only (:data:`QUICK_JIT_OPTIONS`; see
-    :func:`quick_jit_for`); it has no effect when a JVM is already running.
+    :func:`quick_jit_for`); ``class_archive`` maps a checked class-data
+    archive (see :mod:`._class_archive`). Both have no effect when a JVM is
+    already running, and ``spark.driver.extraJavaOptions`` in ``conf``
+    replaces them.
 
     Sets ``PYSPARK_PYTHON`` to this interpreter (else workers fall back to the
     system python), ``SPARK_LOCAL_IP`` to loopback when unset, turns off the UI
@@ -145,8 +149,12 @@ def create_session(
         .config("spark.driver.memory", "2g")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
-    if quick_jit:
-        builder = builder.config("spark.driver.extraJavaOptions", QUICK_JIT_OPTIONS)
+    from ._class_archive import java_options
+
+    jvm_options = [QUICK_JIT_OPTIONS] if quick_jit else []
+    jvm_options += java_options(class_archive)
+    if jvm_options:
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(jvm_options))
     for name, value in (conf or {}).items():
         builder = builder.config(name, value)
     spark = builder.getOrCreate()

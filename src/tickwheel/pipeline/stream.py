@@ -317,40 +317,43 @@ def _processed_batches(
     unmatched: Sequence[tuple[Any, ...]],
     pending: Sequence[tuple[Any, ...]],
     expired: Sequence[tuple[Any, ...]],
-) -> Any:
-    """One record batch of ``schema``: outcome, unmatched, pending and expired rows.
+) -> list[Any]:
+    """Record batches of ``schema``: one each for outcome, unmatched, pending and expired rows.
 
     The tuples are :class:`~.core.PartitionProcessor`'s raw rows
     (``take_outcomes``, ``take_unmatched``, ``pending_operations``,
-    ``expired_markers``); each output column is built in one go.
+    ``expired_markers``). Each column is built in one go from a transposed
+    tuple; rule names are taken by index and latencies subtracted in Arrow;
+    a kind's absent columns are null arrays. Kinds without rows give no batch.
     """
-    o = list(zip(*outcomes, strict=True)) or [()] * 8
-    u = list(zip(*unmatched, strict=True)) or [()] * 6
-    p = list(zip(*pending, strict=True)) or [()] * 5
-    e = list(zip(*expired, strict=True)) or [()] * 3
-    no, nu, np_, ne = len(outcomes), len(unmatched), len(pending), len(expired)
+    import pyarrow.compute as pc
 
-    def nulls(n: int) -> list[None]:
-        return [None] * n
+    rule_names = pa.array(names, pa.string())
+    batches = []
 
-    columns = {
-        "kind": ["outcome"] * no + ["unmatched"] * nu + ["pending"] * np_ + ["expired"] * ne,
-        "rule": [names[i] for i in (*o[0], *u[0], *p[0], *e[0])],
-        "key": [*o[1], *u[1], *p[1], *e[1]],
-        "id": [*o[2], *u[2], *p[2], *nulls(ne)],
-        "time": [*o[3], *u[4], *p[3], *e[2]],
-        "deadline": [*o[4], *nulls(nu), *p[4], *nulls(ne)],
-        "outcome": [*o[5], *nulls(nu + np_ + ne)],
-        "resolved_at": [*o[6], *nulls(nu + np_ + ne)],
-        "latency_ms": [
-            *(None if at is None else at - at0 for at0, at in zip(o[3], o[6], strict=True)),
-            *nulls(nu + np_ + ne),
-        ],
-        "resolve_event_id": [*o[7], *nulls(nu + np_ + ne)],
-        "event_type": [*nulls(no), *u[3], *nulls(np_ + ne)],
-        "reason": [*nulls(no), *u[5], *nulls(np_ + ne)],
-    }
-    return pa.RecordBatch.from_pydict(columns, schema=schema)
+    def add(kind: str, rows: Sequence[tuple[Any, ...]], fields: Sequence[str]) -> None:
+        if not rows:
+            return
+        n = len(rows)
+        given = dict(zip(fields, zip(*rows, strict=True), strict=True))
+        arrays = {"kind": pa.array([kind] * n, pa.string())}
+        arrays["rule"] = rule_names.take(pa.array(given.pop("rule"), pa.int32()))
+        for name, values in given.items():
+            arrays[name] = pa.array(values, schema.field(name).type)
+        if kind == "outcome":
+            arrays["latency_ms"] = pc.subtract(arrays["resolved_at"], arrays["time"])
+        columns = [arrays.get(f.name, pa.nulls(n, f.type)) for f in schema]
+        batches.append(pa.RecordBatch.from_arrays(columns, schema=schema))
+
+    add(
+        "outcome",
+        outcomes,
+        ("rule", "key", "id", "time", "deadline", "outcome", "resolved_at", "resolve_event_id"),
+    )
+    add("unmatched", unmatched, ("rule", "key", "id", "event_type", "time", "reason"))
+    add("pending", pending, ("rule", "key", "id", "time", "deadline"))
+    add("expired", expired, ("rule", "key", "time"))
+    return batches
 
 
 def _proc_out_arrow_schema(pa: Any) -> Any:
@@ -430,15 +433,18 @@ class StreamJob:
     def _session(self) -> SparkSession:
         if self._spark is not None:
             return self._spark
+        from ._class_archive import find
         from .sinks import spark_jdbc_conf
         from .spark_job import create_session
 
         conf = {"spark.sql.session.timeZone": "UTC", **spark_jdbc_conf()}
+        master = self.config.master or "local[2]"
         spark = create_session(
-            master=self.config.master or "local[2]",
+            master=master,
             app_name="tickwheel-stream",
             shuffle_partitions=self.config.partitions or 4,
             conf=conf,
+            class_archive=find() if master.startswith("local") else None,
         )
         spark.sparkContext.setLogLevel("ERROR")
         self._spark = spark

@@ -1,0 +1,121 @@
+"""The class-data archive for cold starts: found only when checked, never when damaged.
+
+The end-to-end test records a real archive (two short Spark runs in child
+processes, about 30 s) and runs the CLI on it in a fresh JVM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tickwheel.pipeline import _class_archive as archive
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "orders.toml"
+JAVA = shutil.which("java")
+needs_java = pytest.mark.skipif(JAVA is None, reason="no java on the PATH")
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(archive.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(archive.ARCHIVE_ENV, raising=False)
+    return tmp_path / "cache"
+
+
+def test_fingerprint_follows_the_java_binary_and_every_jar(tmp_path: Path) -> None:
+    java = tmp_path / "java"
+    java.write_bytes(b"jvm")
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "a.jar").write_bytes(b"a")
+    first = archive.fingerprint(str(java), jars)
+    assert first == archive.fingerprint(str(java), jars)
+    (jars / "b.jar").write_bytes(b"b")
+    second = archive.fingerprint(str(java), jars)
+    os.utime(jars / "a.jar", ns=(1, 1))
+    third = archive.fingerprint(str(java), jars)
+    java.write_bytes(b"another jvm")
+    fourth = archive.fingerprint(str(java), jars)
+    assert len({first, second, third, fourth}) == 4
+
+
+@needs_java
+def test_find_offers_only_the_archive_under_its_final_name(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    digest = archive.fingerprint()
+    assert digest is not None
+    final = archive.archive_path(digest)
+    assert final.parent == cache
+    assert archive.find() is None
+    cache.mkdir()
+    final.with_name(final.name + ".tmp-1").write_bytes(b"half written")
+    assert archive.find() is None  # a temporary name is never used
+    final.write_bytes(b"checked")
+    assert archive.find() == final
+    monkeypatch.setenv(archive.ARCHIVE_ENV, "off")
+    assert archive.find() is None
+
+
+def test_java_options_map_the_archive_and_fall_back_when_it_is_stale() -> None:
+    assert archive.java_options(None) == []
+    assert archive.java_options(Path("/x/a.jsa")) == ["-XX:SharedArchiveFile=/x/a.jsa",
+                                                       "-Xshare:auto"]  # fmt: skip
+
+
+@needs_java
+@pytest.mark.spark
+def test_a_damaged_archive_fails_its_check_and_is_not_installed(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A truncated archive aborts a JVM; build() must not rename it into place."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    real_child = archive._child
+
+    def record_truncated(args: list[str], step: str) -> None:
+        if args[0] == "record":
+            Path(args[1]).write_bytes(b"\x00" * 4096)  # not an archive
+            return
+        real_child(args, step)
+
+    monkeypatch.setattr(archive, "_child", record_truncated)
+    with pytest.raises(archive.ArchiveError, match="checking failed"):
+        archive.build(say=lambda _line: None)
+    assert archive.find() is None
+    assert list(cache.iterdir()) == []  # the temporary file is removed too
+
+
+@needs_java
+@pytest.mark.spark
+def test_a_recorded_archive_is_checked_installed_and_used_by_the_cli(
+    cache: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    lines: list[str] = []
+    path = archive.build(say=lines.append)
+    assert path == archive.find()
+    assert path.stat().st_size > 10 * 2**20
+    assert archive.build(say=lines.append) == path
+    assert lines[-1].endswith("(already there)")
+
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    cli = [sys.executable, "-m", "tickwheel._cli", "pipeline"]
+    subprocess.run([*cli, "generate", "--orders", "500", "--out", str(tmp_path / "in")],
+                   check=True, capture_output=True, env=env, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [*cli, "run", "--rules", str(EXAMPLE), "--input", str(tmp_path / "in"),
+         "--output", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "; class archive)" in run.stdout.splitlines()[0]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["counts"]["records"] > 500
