@@ -61,7 +61,7 @@ from ._checkpoint import (
 )
 from ._micro_batch import PROC_OUT_COLUMNS, MicroBatch
 from ._stream_read import BatchReader
-from .core import STATE_EXPIRED, STATE_PENDING
+from .core import STATE_EXPIRED, STATE_PENDING, PartitionProcessor, StateRow
 from .events import DEFAULT_MAX_FUTURE_MS
 from .rules import Rules
 
@@ -194,13 +194,16 @@ EVENT_INPUT_COLUMNS = ("rule", "key", "time", "seq", "event_id", "event_type")
 def _process_increment(
     rules: Rules, start_ms: int | None, watermark_ms: int, batches: Iterator[pa.RecordBatch]
 ) -> list[pa.RecordBatch]:
-    """One partition's rows in; its outputs and next state out (no rows in: none out)."""
-    from itertools import repeat
+    """One partition's rows in; its outputs and next state out (no rows in: none out).
 
+    The steps: split the rows into events and state; carry the state this
+    increment cannot change straight to the output (:func:`_carried_batches`);
+    run the rest and the events, sorted, through one
+    :class:`~.core.PartitionProcessor` from ``start_ms`` to ``watermark_ms``;
+    turn its rows into batches (:func:`_processed_batches`).
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from .core import PartitionProcessor, StateRow
 
     batch_list = list(batches)
     if not batch_list:
@@ -210,79 +213,18 @@ def _process_increment(
     event_rows = table.filter(pc.invert(is_state))
     state_rows = table.filter(is_state)
     out_schema = _proc_out_arrow_schema(pa)
-    names = rules.names
     out: list[pa.RecordBatch] = []
     if state_rows.num_rows:
-        unknown = set(pc.unique(state_rows["rule"]).to_pylist()) - set(names)
+        unknown = set(pc.unique(state_rows["rule"]).to_pylist()) - set(rules.names)
         if unknown:
-            raise ValueError(f"state rows name rules {sorted(unknown)}, not among {list(names)}")
+            raise ValueError(
+                f"state rows name rules {sorted(unknown)}, not among {list(rules.names)}"
+            )
         untouched = _untouched_state(rules, event_rows, state_rows, watermark_ms)
-        carried = state_rows.filter(untouched)
+        out.extend(_carried_batches(pa, out_schema, state_rows.filter(untouched)))
         state_rows = state_rows.filter(pc.invert(untouched))
-        if carried.num_rows:
-            n = carried.num_rows
-            columns = {
-                "kind": carried["state_kind"],
-                "rule": carried["rule"],
-                "key": carried["key"],
-                "id": carried["event_id"],
-                "time": carried["time"],
-                "deadline": carried["deadline"],
-            }
-            out.extend(
-                pa.table(
-                    [columns.get(f.name, pa.nulls(n, f.type)) for f in out_schema],
-                    schema=out_schema,
-                ).to_batches()
-            )
-
-    # (rule name, event type) -> (rule index, kind): one lookup per event
-    kind_of = {
-        (rule.name, etype): (i, rule.kind_of(etype))
-        for i, rule in enumerate(rules.rules)
-        for etype in (*rule.open, *rule.complete, *rule.cancel)
-    }
-    state: list[StateRow] = []
-    events: list[tuple[int, str, int, int, str, int, str]] = []
-    if state_rows.num_rows:
-        c = state_rows.to_pydict()
-        state.extend(
-            map(
-                StateRow,
-                c["state_kind"],
-                c["rule"],
-                c["key"],
-                c["event_id"],
-                c["time"],
-                c["deadline"],
-                repeat(None),
-                repeat(None),
-            )
-        )
-    if event_rows.num_rows:
-        # Sorted by (time, seq, event id, rule index) in Arrow, not as Python tuples.
-        rule_index = pc.index_in(event_rows["rule"], value_set=pa.array(names, pa.string()))
-        event_rows = event_rows.append_column("_rule", rule_index).sort_by(
-            [(name, "ascending") for name in ("time", "seq", "event_id", "_rule")]
-        )
-        c = {name: event_rows[name].to_pylist() for name in EVENT_INPUT_COLUMNS}
-        try:
-            rule_kind = list(map(kind_of.__getitem__, zip(c["rule"], c["event_type"], strict=True)))
-        except KeyError as exc:  # the fan-out selects only the rules' types
-            raise AssertionError(f"event of no rule's type: {exc}") from None
-        index, kind = zip(*rule_kind, strict=True)
-        events.extend(
-            zip(
-                index,
-                c["key"],
-                c["time"],
-                c["seq"],
-                c["event_id"],
-                kind,
-                c["event_type"],
-                strict=True,
-            )
-        )
+    state = _state_input(state_rows)
+    events = _event_input(pa, rules, event_rows)
     if not state and not events:
         return out
     proc = PartitionProcessor(
@@ -297,7 +239,7 @@ def _process_increment(
             _processed_batches(
                 pa,
                 out_schema,
-                names,
+                rules.names,
                 proc.take_outcomes(),
                 proc.take_unmatched(),
                 proc.pending_operations(),
@@ -307,6 +249,90 @@ def _process_increment(
         return out
     finally:
         proc.close()
+
+
+def _carried_batches(pa: Any, schema: Any, carried: Any) -> list[Any]:
+    """The untouched state rows as output batches of ``schema``, column for column. O(rows)."""
+    if not carried.num_rows:
+        return []
+    columns = {
+        "kind": carried["state_kind"],
+        "rule": carried["rule"],
+        "key": carried["key"],
+        "id": carried["event_id"],
+        "time": carried["time"],
+        "deadline": carried["deadline"],
+    }
+    n = carried.num_rows
+    return list(
+        pa.table(
+            [columns.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema
+        ).to_batches()
+    )
+
+
+def _state_input(state_rows: Any) -> list[StateRow]:
+    """The state rows as the processor's :class:`~.core.StateRow` tuples. O(rows)."""
+    from itertools import repeat
+
+    if not state_rows.num_rows:
+        return []
+    c = state_rows.to_pydict()
+    return list(
+        map(
+            StateRow,
+            c["state_kind"],
+            c["rule"],
+            c["key"],
+            c["event_id"],
+            c["time"],
+            c["deadline"],
+            repeat(None),
+            repeat(None),
+        )
+    )
+
+
+def _event_input(
+    pa: Any, rules: Rules, event_rows: Any
+) -> list[tuple[int, str, int, int, str, int, str]]:
+    """The events as the processor's input tuples, in its order. O(n log n).
+
+    Sorted by (time, sequence, event id, rule index) in Arrow; each tuple is
+    (rule index, key, time, sequence, event id, kind, event type).
+    """
+    import pyarrow.compute as pc
+
+    if not event_rows.num_rows:
+        return []
+    names = pa.array(rules.names, pa.string())
+    event_rows = event_rows.append_column(
+        "_rule", pc.index_in(event_rows["rule"], value_set=names)
+    ).sort_by([(name, "ascending") for name in ("time", "seq", "event_id", "_rule")])
+    c = {name: event_rows[name].to_pylist() for name in EVENT_INPUT_COLUMNS}
+    # (rule name, event type) -> (rule index, kind): one lookup per event
+    kind_of = {
+        (rule.name, etype): (i, rule.kind_of(etype))
+        for i, rule in enumerate(rules.rules)
+        for etype in (*rule.open, *rule.complete, *rule.cancel)
+    }
+    try:
+        rule_kind = list(map(kind_of.__getitem__, zip(c["rule"], c["event_type"], strict=True)))
+    except KeyError as exc:  # the fan-out selects only the rules' types
+        raise AssertionError(f"event of no rule's type: {exc}") from None
+    index, kind = zip(*rule_kind, strict=True)
+    return list(
+        zip(
+            index,
+            c["key"],
+            c["time"],
+            c["seq"],
+            c["event_id"],
+            kind,
+            c["event_type"],
+            strict=True,
+        )
+    )
 
 
 def _processed_batches(
