@@ -23,7 +23,7 @@ system-deps:
 
 DEMO_DIR ?= demo-out
 
-# `pipeline prepare` archives the JVM's classes once (~190 MB in ~/.cache/tickwheel), so
+# `pipeline prepare` archives the JVM's classes once (~180 MB in ~/.cache/tickwheel), so
 # that the run starts about 2 s faster; it does nothing when the archive is there.
 demo: $(STAMP) system-deps
 	$(BIN)/tickwheel trace

@@ -4,10 +4,9 @@ A fresh JVM spends most of a short job loading classes: Spark, Catalyst and
 their libraries are about 15,000 classes read from jars, parsed and verified
 one by one. HotSpot can save the classes a run loaded in an archive
 (AppCDS, ``-XX:ArchiveClassesAtExit``) and map it at the next start
-(``-XX:SharedArchiveFile``), already parsed and verified. Measured on a
-fresh JVM (``benchmarks/profile_pipeline.py --runs 1``, 1e5 orders, C1 only,
-``local[2]``, 2026-11-25): Spark up in 1.9–2.1 s instead of 3.8–4.0 s, and the
-job in 6.9–7.2 s instead of 8.6–9.2 s.
+(``-XX:SharedArchiveFile``), already parsed and verified: Spark starts
+about 2 s sooner, and the first stages run sooner too (figures in
+``docs/benchmarks.md``, "Cold start").
 
 The archive belongs to one JVM and one set of Spark jars: its name carries a
 fingerprint of both (:func:`fingerprint`), and a JVM started with
@@ -19,10 +18,10 @@ result by starting a Spark session on it with ``-Xshare:on`` (which fails
 instead of ignoring), and only then renames it into place. A run uses an
 archive only under its final name (:func:`find`).
 
-``tickwheel pipeline prepare`` builds it (``make demo`` and ``make test`` run
-it); ``TICKWHEEL_CLASS_ARCHIVE=off`` turns its use off. It lives in
+``tickwheel pipeline prepare`` builds it (``make demo`` runs it);
+``TICKWHEEL_CLASS_ARCHIVE=off`` turns its use off. It lives in
 ``TICKWHEEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/tickwheel``, else
-``~/.cache/tickwheel``, and takes about 190 MB.
+``~/.cache/tickwheel``, and takes about 180 MB.
 """
 
 from __future__ import annotations
@@ -131,7 +130,7 @@ def build(force: bool = False, say: Callable[[str], None] = print) -> Path:
     Does nothing when it is there already (unless ``force``). Raises
     :class:`ArchiveError` when there is no ``java`` or a step fails; nothing is
     left under the final name then. Cost: two short Spark runs in child
-    processes, about 20 s.
+    processes, about half a minute.
     """
     digest = fingerprint()
     if digest is None:

@@ -199,7 +199,7 @@ def add_pipeline_parser(subparsers: Any) -> None:
 
     prepare = sub.add_parser(
         "prepare",
-        help="archive the JVM classes a job loads, so that cold starts are faster (~190 MB)",
+        help="archive the JVM classes a job loads, so that cold starts are faster (~180 MB)",
         description="Record, check and install a class-data archive (AppCDS) for this JVM "
         "and Spark; local runs then use it (TICKWHEEL_CLASS_ARCHIVE=off: not).",
     )
