@@ -20,6 +20,8 @@ from tickwheel.pipeline import _class_archive as archive
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "orders.toml"
 JAVA = shutil.which("java")
 needs_java = pytest.mark.skipif(JAVA is None, reason="no java on the PATH")
+#: What HotSpot prints when it cannot map an archive (and, with -Xshare:auto, goes on without).
+UNUSABLE = "Unable to use shared archive"
 
 
 @pytest.fixture
@@ -44,6 +46,19 @@ def test_fingerprint_follows_the_java_binary_and_every_jar(tmp_path: Path) -> No
     java.write_bytes(b"another jvm")
     fourth = archive.fingerprint(str(java), jars)
     assert len({first, second, third, fourth}) == 4
+    jdbc = tmp_path / "jdbc.jar"
+    jdbc.write_bytes(b"driver")
+    without = archive.fingerprint(str(java), jars, classpath=[])
+    with_jdbc = archive.fingerprint(str(java), jars, classpath=[str(jdbc)])
+    assert without != with_jdbc  # the class path's first jars are part of the archive
+
+
+def test_session_conf_puts_the_jdbc_jars_first_as_the_stream_does() -> None:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from tickwheel.pipeline.sinks import spark_jdbc_conf
+
+    stream_classpath = spark_jdbc_conf().get("spark.driver.extraClassPath")
+    assert archive.session_conf().get("spark.driver.extraClassPath") == stream_classpath
 
 
 @needs_java
@@ -63,6 +78,22 @@ def test_find_offers_only_the_archive_under_its_final_name(
     assert archive.find() == final
     monkeypatch.setenv(archive.ARCHIVE_ENV, "off")
     assert archive.find() is None
+
+
+@needs_java
+def test_startup_note_names_the_archive_only_for_a_local_master(cache: Path) -> None:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    assert archive.startup_note("spark://host:7077") == (None, "")
+    assert archive.startup_note("local[2]") == (
+        None,
+        "no class archive: see `tickwheel pipeline prepare`",
+    )
+    digest = archive.fingerprint()
+    assert digest is not None
+    cache.mkdir()
+    archive.archive_path(digest).write_bytes(b"checked")
+    assert archive.startup_note("local[2]") == (archive.archive_path(digest), "class archive")
+    assert archive.startup_note("yarn") == (None, "")
 
 
 def test_java_options_map_the_archive_and_fall_back_when_it_is_stale() -> None:
@@ -117,5 +148,17 @@ def test_a_recorded_archive_is_checked_installed_and_used_by_the_cli(
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert "; class archive)" in run.stdout.splitlines()[0]
+    assert UNUSABLE not in run.stdout + run.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
     assert summary["counts"]["records"] > 500
+
+    # The stream's JVM puts the JDBC jars first on its class path: the archive must fit it too.
+    stream = subprocess.run(
+        [*cli, "stream", "--rules", str(EXAMPLE), "--input", str(tmp_path / "in"),
+         "--output", str(tmp_path / "stream-out"), "--checkpoint", str(tmp_path / "ck"),
+         "--trigger", "available-now"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert stream.returncode == 0, stream.stderr[-2000:]
+    assert "starting Spark (local[2]; class archive)" in stream.stdout.splitlines()[0]
+    assert UNUSABLE not in stream.stdout + stream.stderr

@@ -10,7 +10,11 @@ about 2 s sooner, and the first stages run sooner too (figures in
 
 The archive belongs to one JVM and one set of Spark jars: its name carries a
 fingerprint of both (:func:`fingerprint`), and a JVM started with
-``-Xshare:auto`` ignores, silently, an archive whose jars changed. A
+``-Xshare:auto`` ignores an archive whose jars changed. It also needs the
+class path it was recorded with: the stream puts the installed JDBC jars
+first on the driver's class path (``sinks.spark_jdbc_conf``), so every JVM
+that uses the archive, and the one that records it, starts with those jars
+first (:func:`session_conf`). A
 *damaged* archive is worse: a truncated one makes the JVM abort at start. So
 :func:`build` records the archive under a temporary name in a child process,
 waits for that JVM to exit (it writes the archive as it exits), checks the
@@ -43,6 +47,8 @@ __all__ = [
     "find",
     "fingerprint",
     "java_options",
+    "session_conf",
+    "startup_note",
 ]
 
 ARCHIVE_ENV = "TICKWHEEL_CLASS_ARCHIVE"
@@ -80,18 +86,30 @@ def _spark_jars() -> Path:
     return Path(home) / "jars"
 
 
-def fingerprint(java: str | None = None, jars: Path | None = None) -> str | None:
-    """A digest of the JVM binary and of every Spark jar (path, size, mtime). O(jars).
+def _driver_classpath() -> list[str]:
+    """The jars before Spark's on an archived JVM's class path: the installed JDBC jars."""
+    from .sinks import jdbc_jars
 
-    None when there is no ``java``. Any change to either gives another digest,
-    so an archive is never offered to a JVM or a Spark it was not made by.
+    return jdbc_jars()
+
+
+def fingerprint(
+    java: str | None = None, jars: Path | None = None, classpath: Sequence[str] | None = None
+) -> str | None:
+    """A digest of the JVM binary, every Spark jar and the class path's first jars
+    (path, size, mtime). O(jars).
+
+    None when there is no ``java``. Any change to them gives another digest,
+    so an archive is never offered to a JVM, a Spark or a class path it was
+    not made with.
     """
     java = java if java is not None else _java_executable()
     if java is None:
         return None
     jars = jars if jars is not None else _spark_jars()
+    first = classpath if classpath is not None else _driver_classpath()
     digest = hashlib.sha256()
-    for path in [Path(java), *sorted(jars.glob("*.jar"))]:
+    for path in [Path(java), *map(Path, first), *sorted(jars.glob("*.jar"))]:
         stat = path.stat()
         digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
@@ -111,6 +129,25 @@ def find() -> Path | None:
         return None
     path = archive_path(digest)
     return path if path.is_file() else None
+
+
+def startup_note(master: str) -> tuple[Path | None, str]:
+    """The archive a run on ``master`` starts its JVM on, and the words saying so. O(jars).
+
+    Only a local master's JVM is this machine's; for another, (None, "").
+    """
+    if not master.startswith("local"):
+        return None, ""
+    archive = find()
+    if archive is not None:
+        return archive, "class archive"
+    return None, "no class archive: see `tickwheel pipeline prepare`"
+
+
+def session_conf() -> dict[str, str]:
+    """The Spark settings an archived JVM starts with: its class path's first jars. O(1)."""
+    classpath = _driver_classpath()
+    return {"spark.driver.extraClassPath": os.pathsep.join(classpath)} if classpath else {}
 
 
 def java_options(archive: str | os.PathLike[str] | None) -> list[str]:
@@ -152,6 +189,13 @@ def build(force: bool = False, say: Callable[[str], None] = print) -> Path:
     finally:
         temporary.unlink(missing_ok=True)
     say(f"class archive: {final} ({final.stat().st_size / 2**20:,.0f} MB)")
+    others = [p for p in final.parent.glob("spark-classes-*.jsa") if p != final]
+    if others:  # another Java, Spark or class path: kept, as it may still be in use
+        size = sum(p.stat().st_size for p in others) / 2**20
+        say(
+            f"class archive: {len(others)} other archive(s) in {final.parent} ({size:,.0f} MB),"
+            " made for another java, Spark or JDBC jars: delete those no longer installed"
+        )
     return final
 
 
@@ -195,7 +239,7 @@ def _record(archive: str) -> None:
         rules_path.write_text(_RULES, encoding="utf-8")
         generate_orders(RECORD_ORDERS, Path(work) / "in", seed=1)
         options = f"{QUICK_JIT_OPTIONS} -XX:ArchiveClassesAtExit={archive}"
-        spark = create_session(conf={"spark.driver.extraJavaOptions": options})
+        spark = create_session(conf={**session_conf(), "spark.driver.extraJavaOptions": options})
         run_job(spark, load_rules(str(rules_path)), str(Path(work) / "in"), str(Path(work) / "out"))
         _stop_jvm(spark)
 
@@ -205,7 +249,7 @@ def _check(archive: str) -> None:
     from .spark_job import create_session
 
     options = f"-XX:SharedArchiveFile={archive} -Xshare:on"
-    spark = create_session(conf={"spark.driver.extraJavaOptions": options})
+    spark = create_session(conf={**session_conf(), "spark.driver.extraJavaOptions": options})
     if spark.range(100).selectExpr("sum(id)").collect()[0][0] != 4950:
         raise SystemExit("check: wrong answer from Spark")
     _stop_jvm(spark)

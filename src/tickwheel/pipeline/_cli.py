@@ -88,14 +88,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(message, flush=True)
 
-    from ._class_archive import find
+    from ._class_archive import startup_note
 
     started = time.perf_counter()
     jit = "C1 only" if quick else "C1 and C2"
     size = f"{input_bytes / 2**20:,.0f} MB"
-    archive = find() if args.master.startswith("local") else None
-    classes = "class archive" if archive else "no class archive: see `tickwheel pipeline prepare`"
-    say(f"[    0.0s] starting Spark ({args.master}; JIT: {jit}, for {size} of input; {classes})")
+    archive, classes = startup_note(args.master)
+    classes = f"; {classes}" if classes else ""
+    say(f"[    0.0s] starting Spark ({args.master}; JIT: {jit}, for {size} of input{classes})")
     from pyspark.sql import SparkSession
 
     existing = SparkSession.getActiveSession()

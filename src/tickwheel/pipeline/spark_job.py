@@ -111,7 +111,8 @@ def create_session(
 
     ``quick_jit`` starts the JVM with C1 only (:data:`QUICK_JIT_OPTIONS`; see
     :func:`quick_jit_for`); ``class_archive`` maps a checked class-data
-    archive (see :mod:`._class_archive`). Both have no effect when a JVM is
+    archive, with the class path it was recorded with (see
+    :mod:`._class_archive`). Both have no effect when a JVM is
     already running, and ``spark.driver.extraJavaOptions`` in ``conf``
     replaces them.
 
@@ -149,12 +150,15 @@ def create_session(
         .config("spark.driver.memory", "2g")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
-    from ._class_archive import java_options
+    from ._class_archive import java_options, session_conf
 
     jvm_options = [QUICK_JIT_OPTIONS] if quick_jit else []
     jvm_options += java_options(class_archive)
     if jvm_options:
         builder = builder.config("spark.driver.extraJavaOptions", " ".join(jvm_options))
+    if class_archive is not None:  # the class path the archive was recorded with
+        for name, value in session_conf().items():
+            builder = builder.config(name, value)
     for name, value in (conf or {}).items():
         builder = builder.config(name, value)
     spark = builder.getOrCreate()

@@ -459,18 +459,23 @@ class StreamJob:
     def _session(self) -> SparkSession:
         if self._spark is not None:
             return self._spark
-        from ._class_archive import find
+        from pyspark.sql import SparkSession
+
+        from ._class_archive import startup_note
         from .sinks import spark_jdbc_conf
         from .spark_job import create_session
 
         conf = {"spark.sql.session.timeZone": "UTC", **spark_jdbc_conf()}
         master = self.config.master or "local[2]"
+        archive, classes = startup_note(master)
+        if classes and SparkSession.getActiveSession() is None:  # else the JVM is up already
+            _log(self.config, f"starting Spark ({master}; {classes})")
         spark = create_session(
             master=master,
             app_name="tickwheel-stream",
             shuffle_partitions=self.config.partitions or 4,
             conf=conf,
-            class_archive=find() if master.startswith("local") else None,
+            class_archive=archive,
         )
         spark.sparkContext.setLogLevel("ERROR")
         self._spark = spark
