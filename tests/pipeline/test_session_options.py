@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +39,28 @@ def test_the_cli_says_which_compilers_the_jvm_runs(
         main(["pipeline", "run", "--rules", str(rules), "--input", str(tmp_path),
               "--output", str(tmp_path / "o"), "--jit", "c3"])  # fmt: skip
     assert "invalid choice: 'c3'" in capsys.readouterr().err
+
+
+def test_the_worker_daemon_puts_the_installed_pyspark_before_the_zips() -> None:
+    from tickwheel.pipeline._worker_daemon import installed_first
+
+    path = ["/s/python/lib/pyspark.zip", "/s/python/lib/py4j-0.10.9.9-src.zip", "/x", "/site"]
+    assert installed_first(path) == ["/x", "/site", *path[:2]]
+    assert installed_first(["/a", "/b"]) == ["/a", "/b"]
+
+
+@pytest.mark.spark
+def test_local_workers_import_pyspark_from_the_installed_package(spark: Any) -> None:
+    import pyspark
+
+    from tickwheel.pipeline.spark_job import WORKER_DAEMON
+
+    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == WORKER_DAEMON
+
+    def where(_: Any) -> Any:
+        import pyspark as worker_pyspark
+
+        yield worker_pyspark.__file__
+
+    files = set(spark.sparkContext.parallelize(range(4), 2).mapPartitions(where).collect())
+    assert files == {pyspark.__file__}  # the driver's, not the copy in pyspark.zip
