@@ -96,6 +96,18 @@ def test_startup_note_names_the_archive_only_for_a_local_master(cache: Path) -> 
     assert archive.startup_note("yarn") == (None, "")
 
 
+@needs_java
+def test_an_unusable_cache_directory_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory", encoding="utf-8")
+    monkeypatch.setenv(archive.CACHE_ENV, str(blocker / "cache"))
+    with pytest.raises(archive.ArchiveError, match=r"cannot make the cache directory .*a-file"):
+        archive.build(say=lambda _line: None)
+
+
 def test_java_options_map_the_archive_and_fall_back_when_it_is_stale() -> None:
     assert archive.java_options(None) == []
     assert archive.java_options(Path("/x/a.jsa")) == ["-XX:SharedArchiveFile=/x/a.jsa",

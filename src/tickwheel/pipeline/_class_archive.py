@@ -176,7 +176,13 @@ def build(force: bool = False, say: Callable[[str], None] = print) -> Path:
     if final.is_file() and not force:
         say(f"class archive: {final} (already there)")
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArchiveError(
+            f"cannot make the cache directory {final.parent}: {exc.strerror or exc}"
+            f" (set {CACHE_ENV} to another directory)"
+        ) from None
     temporary = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     try:
         say("class archive: recording the classes of a short batch run ...")
@@ -186,6 +192,8 @@ def build(force: bool = False, say: Callable[[str], None] = print) -> Path:
         say("class archive: checking it ...")
         _child(["check", str(temporary)], "checking")
         os.replace(temporary, final)
+    except OSError as exc:
+        raise ArchiveError(f"cannot install {final}: {exc.strerror or exc}") from None
     finally:
         temporary.unlink(missing_ok=True)
     say(f"class archive: {final} ({final.stat().st_size / 2**20:,.0f} MB)")
