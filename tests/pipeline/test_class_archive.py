@@ -174,3 +174,9 @@ def test_a_recorded_archive_is_checked_installed_and_used_by_the_cli(
     assert stream.returncode == 0, stream.stderr[-2000:]
     assert "starting Spark (local[2]; class archive)" in stream.stdout.splitlines()[0]
     assert UNUSABLE not in stream.stdout + stream.stderr
+
+
+def test_the_recording_run_uses_the_example_rules() -> None:
+    from tickwheel.pipeline.rules import load_rules, parse_rules
+
+    assert parse_rules(archive._RULES) == load_rules(EXAMPLE)

@@ -145,9 +145,12 @@ def startup_note(master: str) -> tuple[Path | None, str]:
 
 
 def session_conf() -> dict[str, str]:
-    """The Spark settings an archived JVM starts with: its class path's first jars. O(1)."""
-    classpath = _driver_classpath()
-    return {"spark.driver.extraClassPath": os.pathsep.join(classpath)} if classpath else {}
+    """The Spark settings an archived JVM starts with: its class path's first jars,
+    the driver class path of :func:`~.sinks.spark_jdbc_conf`. O(1)."""
+    from .sinks import spark_jdbc_conf
+
+    name = "spark.driver.extraClassPath"
+    return {name: value} if (value := spark_jdbc_conf().get(name)) else {}
 
 
 def java_options(archive: str | os.PathLike[str] | None) -> list[str]:
@@ -239,16 +242,14 @@ def _stop_jvm(spark: object) -> None:
 def _record(archive: str) -> None:
     """Child: one short batch run on a fresh JVM that archives its classes at exit."""
     from .generate import generate_orders
-    from .rules import load_rules
+    from .rules import parse_rules
     from .spark_job import QUICK_JIT_OPTIONS, create_session, run_job
 
     with tempfile.TemporaryDirectory(prefix="tickwheel-archive-") as work:
-        rules_path = Path(work) / "rules.toml"
-        rules_path.write_text(_RULES, encoding="utf-8")
         generate_orders(RECORD_ORDERS, Path(work) / "in", seed=1)
         options = f"{QUICK_JIT_OPTIONS} -XX:ArchiveClassesAtExit={archive}"
         spark = create_session(conf={**session_conf(), "spark.driver.extraJavaOptions": options})
-        run_job(spark, load_rules(str(rules_path)), str(Path(work) / "in"), str(Path(work) / "out"))
+        run_job(spark, parse_rules(_RULES), str(Path(work) / "in"), str(Path(work) / "out"))
         _stop_jvm(spark)
 
 
@@ -263,22 +264,14 @@ def _check(archive: str) -> None:
     _stop_jvm(spark)
 
 
-#: The rules of ``examples/orders.toml``, which an installed package does not have.
-_RULES = """\
-[input]
-key = "order_id"
-type = "type"
-time = "ts"
-id = "event_id"
-sequence = "seq"
-format = "json"
-
-[rules.payment]
-open = ["created"]
-complete = ["paid"]
-cancel = ["cancelled"]
-timeout = "30m"
-"""
+#: The rules of ``examples/orders.toml`` (which an installed package does not
+#: have), as :func:`~.rules.parse_rules` takes them.
+_RULES = {
+    "input": {"key": "order_id", "type": "type", "time": "ts", "id": "event_id",
+              "sequence": "seq", "format": "json"},
+    "rules": {"payment": {"open": ["created"], "complete": ["paid"], "cancel": ["cancelled"],
+                          "timeout": "30m"}},
+}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -263,12 +263,12 @@ def _carried_batches(pa: Any, schema: Any, carried: Any) -> list[Any]:
         "time": carried["time"],
         "deadline": carried["deadline"],
     }
-    n = carried.num_rows
-    return list(
-        pa.table(
-            [columns.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema
-        ).to_batches()
-    )
+    return list(_padded_table(pa, schema, carried.num_rows, columns).to_batches())
+
+
+def _padded_table(pa: Any, schema: Any, n: int, columns: Mapping[str, Any]) -> Any:
+    """A table of ``schema`` from ``columns`` (arrays of ``n`` rows), null where absent."""
+    return pa.table([columns.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)
 
 
 def _state_input(state_rows: Any) -> list[StateRow]:
@@ -368,8 +368,7 @@ def _processed_batches(
             arrays[name] = pa.array(values, schema.field(name).type)
         if kind == "outcome":
             arrays["latency_ms"] = pc.subtract(arrays["resolved_at"], arrays["time"])
-        columns = [arrays.get(f.name, pa.nulls(n, f.type)) for f in schema]
-        batches.append(pa.RecordBatch.from_arrays(columns, schema=schema))
+        batches.extend(_padded_table(pa, schema, n, arrays).to_batches())
 
     add(
         "outcome",
