@@ -94,7 +94,7 @@ def dataframe_formulation(spark: Any, data: Path, out: Path) -> None:
     """The pure DataFrame answer to the one-open/one-complete rule."""
     from pyspark.sql import functions as F
 
-    from tickwheel.pipeline.events import INT_PATTERN, ISO_PATTERN
+    from tickwheel.pipeline.spark.records import INT_PATTERN, ISO_PATTERN
 
     raw = spark.read.schema(
         "event_id string, order_id string, type string, ts string, seq string"
@@ -140,7 +140,7 @@ def apply_in_pandas_with_state(spark: Any, data: Path, out: Path, checkpoint: Pa
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    from tickwheel.pipeline.events import INT_PATTERN, ISO_PATTERN
+    from tickwheel.pipeline.spark.records import INT_PATTERN, ISO_PATTERN
 
     # The file source takes files in modification-time order: make it the files'
     # arrival order, so the watermark moves forward with the data.
@@ -354,10 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
 
+    from support.reference import iter_input_lines, run_reference
+    from tickwheel.pipeline.batch import OUTCOME_COLUMNS, run_job
     from tickwheel.pipeline.generate import generate_orders
-    from tickwheel.pipeline.reference import iter_input_lines, run_reference
     from tickwheel.pipeline.rules import load_rules
-    from tickwheel.pipeline.spark_job import OUTCOME_COLUMNS, create_session, run_job
+    from tickwheel.pipeline.spark.session import create_session
 
     rules = load_rules(RULES)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-pipeline-"))
@@ -398,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
 
             import pyarrow.parquet as pq
 
-            from tickwheel.pipeline.reference import _sort_key
+            from support.reference import _sort_key
 
             ours_s: list[float] = []
             theirs_s: list[float] = []

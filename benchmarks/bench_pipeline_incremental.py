@@ -78,7 +78,7 @@ def _incremental(
     partitions: int,
     memory: list[dict[str, float]] | None = None,
 ) -> Any:
-    from tickwheel.pipeline.stream import StreamConfig, StreamJob, read_stream_outputs
+    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
 
     cfg = StreamConfig(
         rules_path=str(rules),
@@ -160,7 +160,7 @@ def _apply_in_pandas_with_state(spark: Any, inp: Path, work: Path, timeout_ms: i
         .option("mode", "DROPMALFORMED")
         .json(str(inp))
     )
-    from tickwheel.pipeline.events import ISO_PATTERN
+    from tickwheel.pipeline.spark.records import ISO_PATTERN
 
     ms = (
         F.when(F.col("ts").rlike(r"^-?[0-9]+$"), F.col("ts").try_cast("long"))
@@ -325,9 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from tickwheel.pipeline.batch import run_job
     from tickwheel.pipeline.generate import generate_orders
     from tickwheel.pipeline.rules import load_rules
-    from tickwheel.pipeline.spark_job import create_session, run_job
+    from tickwheel.pipeline.spark.session import create_session
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-inc-"))
     work.mkdir(parents=True, exist_ok=True)

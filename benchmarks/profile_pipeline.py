@@ -212,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_pipeline_incremental import _feed, _rules
 
+    from tickwheel.pipeline.batch import run_job
     from tickwheel.pipeline.generate import generate_orders
     from tickwheel.pipeline.rules import load_rules
-    from tickwheel.pipeline.spark_job import create_session, run_job
+    from tickwheel.pipeline.spark.session import create_session
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="profile-pipeline-"))
     events_dir = work / "events"
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time() * 1000
             wall = time.perf_counter()
             if args.incremental:
-                from tickwheel.pipeline.stream import StreamConfig, StreamJob
+                from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
 
                 inp = work / f"in-{run}"
                 shutil.rmtree(inp, ignore_errors=True)

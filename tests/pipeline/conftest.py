@@ -45,7 +45,7 @@ def spark() -> Iterator[SparkSession]:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from tickwheel.pipeline.sinks import spark_jdbc_conf
-    from tickwheel.pipeline.spark_job import create_session
+    from tickwheel.pipeline.spark.session import create_session
 
     session = create_session(
         "local[2]",

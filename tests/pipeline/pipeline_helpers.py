@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from support.reference import _sort_key
 from tickwheel.pipeline.generate import generate_orders
-from tickwheel.pipeline.reference import _sort_key
-from tickwheel.pipeline.spark_job import (
+from tickwheel.pipeline.spark.outputs import (
     BUFFERED_COLUMNS,
     OUTCOME_COLUMNS,
     REJECTED_COLUMNS,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tickwheel.pipeline._micro_batch import abnormal_batch_warnings
+from tickwheel.pipeline.stream.micro_batch import abnormal_batch_warnings
 
 HOUR = 3_600_000
 HALF_HOUR = 1_800_000

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tickwheel.pipeline._batch_partition import exact_percentile, read_latencies
+from tickwheel.pipeline.spark.outputs import exact_percentile, read_latencies
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -65,8 +65,8 @@ def test_summary_percentiles_are_those_of_the_outcomes(spark: SparkSession, tmp_
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
     from pipeline_helpers import RULES_TOML, make_input
 
+    from tickwheel.pipeline.batch import run_job
     from tickwheel.pipeline.rules import load_rules
-    from tickwheel.pipeline.spark_job import run_job
 
     rules_path = tmp_path / "rules.toml"
     rules_path.write_text(RULES_TOML, encoding="utf-8")

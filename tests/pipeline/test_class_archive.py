@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tickwheel.pipeline import _class_archive as archive
+from tickwheel.pipeline import prepare
+from tickwheel.pipeline.spark import class_archive as archive
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "orders.toml"
 JAVA = shutil.which("java")
@@ -105,7 +106,7 @@ def test_an_unusable_cache_directory_is_a_clear_error(
     blocker.write_text("not a directory", encoding="utf-8")
     monkeypatch.setenv(archive.CACHE_ENV, str(blocker / "cache"))
     with pytest.raises(archive.ArchiveError, match=r"cannot make the cache directory .*a-file"):
-        archive.build(say=lambda _line: None)
+        prepare.build(say=lambda _line: None)
 
 
 def test_java_options_map_the_archive_and_fall_back_when_it_is_stale() -> None:
@@ -121,7 +122,7 @@ def test_a_damaged_archive_fails_its_check_and_is_not_installed(
 ) -> None:
     """A truncated archive aborts a JVM; build() must not rename it into place."""
     pytest.importorskip("pyspark", reason="the spark extra is not installed")
-    real_child = archive._child
+    real_child = prepare._child
 
     def record_truncated(args: list[str], step: str) -> None:
         if args[0] == "record":
@@ -129,9 +130,9 @@ def test_a_damaged_archive_fails_its_check_and_is_not_installed(
             return
         real_child(args, step)
 
-    monkeypatch.setattr(archive, "_child", record_truncated)
+    monkeypatch.setattr(prepare, "_child", record_truncated)
     with pytest.raises(archive.ArchiveError, match="checking failed"):
-        archive.build(say=lambda _line: None)
+        prepare.build(say=lambda _line: None)
     assert archive.find() is None
     assert list(cache.iterdir()) == []  # the temporary file is removed too
 
@@ -143,10 +144,10 @@ def test_a_recorded_archive_is_checked_installed_and_used_by_the_cli(
 ) -> None:
     pytest.importorskip("pyspark", reason="the spark extra is not installed")
     lines: list[str] = []
-    path = archive.build(say=lines.append)
+    path = prepare.build(say=lines.append)
     assert path == archive.find()
     assert path.stat().st_size > 10 * 2**20
-    assert archive.build(say=lines.append) == path
+    assert prepare.build(say=lines.append) == path
     assert lines[-1].endswith("(already there)")
 
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
@@ -179,4 +180,4 @@ def test_a_recorded_archive_is_checked_installed_and_used_by_the_cli(
 def test_the_recording_run_uses_the_example_rules() -> None:
     from tickwheel.pipeline.rules import load_rules, parse_rules
 
-    assert parse_rules(archive._RULES) == load_rules(EXAMPLE)
+    assert parse_rules(prepare._RULES) == load_rules(EXAMPLE)

@@ -22,10 +22,10 @@ import pytest
 from output_readers import load_everywhere, load_table
 
 from tickwheel._cli import main
-from tickwheel.pipeline.events import MISSING_FILE
+from tickwheel.pipeline.batch import run_job
 from tickwheel.pipeline.rules import load_rules
-from tickwheel.pipeline.spark_job import run_job
-from tickwheel.pipeline.stream import StreamConfig, StreamJob, read_stream_outputs
+from tickwheel.pipeline.spark.records import MISSING_FILE
+from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
 
 pytestmark = pytest.mark.spark
 

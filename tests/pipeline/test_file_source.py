@@ -11,13 +11,13 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
-from tickwheel.pipeline._file_source import (
+from tickwheel.pipeline.stream.file_source import (
     FileLog,
     FilesPartition,
     OrderedFileReader,
     list_new_files,
 )
-from tickwheel.pipeline._micro_batch import abnormal_batch_warnings
+from tickwheel.pipeline.stream.micro_batch import abnormal_batch_warnings
 
 
 def _touch(path: Path, mtime: int, data: bytes = b"x\n") -> Path:

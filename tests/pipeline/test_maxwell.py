@@ -16,7 +16,7 @@ from tickwheel.pipeline.maxwell import (
     maxwell_events,
     parse_event_spec,
 )
-from tickwheel.pipeline.stream import StreamConfig, StreamJob, read_stream_outputs
+from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
 
 SAMPLE = ROOT / "examples" / "maxwell_orders.jsonl"
 RULES = ROOT / "examples" / "maxwell_orders.toml"

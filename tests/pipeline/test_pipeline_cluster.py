@@ -22,10 +22,12 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
 
     sys.path.insert(0, sys.argv[2])
+    sys.path.insert(0, str(Path(sys.argv[2]).parent))  # tests/: the support package
     from pipeline_helpers import RULES_TOML, make_input, read_outputs
-    from tickwheel.pipeline.reference import iter_input_lines, run_reference
+    from support.reference import iter_input_lines, run_reference
     from tickwheel.pipeline.rules import parse_rules
-    from tickwheel.pipeline.spark_job import create_session, run_job
+    from tickwheel.pipeline.batch import run_job
+    from tickwheel.pipeline.spark.session import create_session
     import tomllib
 
     root = Path(sys.argv[1])

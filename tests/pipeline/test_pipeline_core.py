@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.reference import _sort_key, simulate
 from tickwheel.pipeline.core import Event, PartitionProcessor, StateRow, cyclic_gc_paused
-from tickwheel.pipeline.reference import _sort_key, simulate
 from tickwheel.pipeline.rules import Rule
 
 PAY = Rule("pay", "order", ("created",), ("paid",), ("cancelled",), 100)

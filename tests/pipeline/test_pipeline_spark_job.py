@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pipeline_helpers import RULES_TOML, make_input, merge_into_one_file, read_outputs
 
-from tickwheel.pipeline.reference import iter_input_lines, run_reference
+from support.reference import iter_input_lines, run_reference
+from tickwheel.pipeline.batch import run_job
 from tickwheel.pipeline.rules import load_rules
-from tickwheel.pipeline.spark_job import JOB_SQL_SETTINGS, job_session, run_job
+from tickwheel.pipeline.spark.session import JOB_SQL_SETTINGS, job_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

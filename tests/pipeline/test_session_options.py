@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tickwheel.pipeline.spark_job import (
+from tickwheel.pipeline.spark.session import (
     JOB_SQL_SETTINGS,
     QUICK_JIT_MAX_INPUT_BYTES,
     quick_jit_for,
@@ -42,7 +42,7 @@ def test_the_cli_says_which_compilers_the_jvm_runs(
 
 
 def test_the_worker_daemon_puts_the_installed_pyspark_before_the_zips() -> None:
-    from tickwheel.pipeline._worker_daemon import installed_first
+    from tickwheel.pipeline.spark.worker_daemon import installed_first
 
     path = ["/s/python/lib/pyspark.zip", "/s/python/lib/py4j-0.10.9.9-src.zip", "/x", "/site"]
     assert installed_first(path) == ["/x", "/site", *path[:2]]
@@ -53,7 +53,7 @@ def test_the_worker_daemon_puts_the_installed_pyspark_before_the_zips() -> None:
 def test_local_workers_import_pyspark_from_the_installed_package(spark: Any) -> None:
     import pyspark
 
-    from tickwheel.pipeline.spark_job import WORKER_DAEMON
+    from tickwheel.pipeline.spark.session import WORKER_DAEMON
 
     assert spark.sparkContext.getConf().get("spark.python.daemon.module") == WORKER_DAEMON
 

@@ -104,7 +104,7 @@ def test_sqlite_sink_round_trip(spark: Any, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Any]:
     """A throw-away PostgreSQL server on 127.0.0.1 (Debian's package), stopped after."""
-    from tickwheel.pipeline._pgserver import ThrowawayPostgres
+    from support.pgserver import ThrowawayPostgres
 
     with ThrowawayPostgres() as server:
         yield server

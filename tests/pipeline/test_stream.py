@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from stream_support import compare_with_reference, feed, fresh, rows, write_rules
 
+from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.generate import generate_orders
-from tickwheel.pipeline.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.rules import load_rules
-from tickwheel.pipeline.stream import (
+from tickwheel.pipeline.stream.job import (
     CheckpointInUse,
     StreamConfig,
     StreamError,

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from stream_support import compare_with_reference, feed, fresh, subprocess_env, write_rules
 
+from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.generate import generate_orders
-from tickwheel.pipeline.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink, PostgresSink
-from tickwheel.pipeline.stream import FAULT_POINTS, read_stream_outputs
+from tickwheel.pipeline.stream.job import FAULT_POINTS, read_stream_outputs
 
 # Six driver starts per test (five killed runs, one clean): a JVM each; generous
 # bound for shared, loaded CI machines.
@@ -95,7 +95,7 @@ def test_kill_and_restart_parquet_sink(spark: Any, tmp_path: Path) -> None:
 @pytest.fixture
 def postgres() -> Iterator[Any]:
     """A throw-away PostgreSQL server on 127.0.0.1 (Debian's package), stopped after."""
-    from tickwheel.pipeline._pgserver import PostgresUnavailable, ThrowawayPostgres
+    from support.pgserver import PostgresUnavailable, ThrowawayPostgres
 
     try:
         server = ThrowawayPostgres()

@@ -1,4 +1,4 @@
-"""``tickwheel pipeline generate|run|prepare|report`` (``stream`` is in ``stream``).
+"""``tickwheel pipeline generate|run|prepare|report|stream`` (``stream``'s options: ``stream.cli``).
 
 Importing this module must stay cheap: pyspark, pandas and matplotlib are
 imported inside the commands, so ``tickwheel --help`` does not start them.
@@ -38,8 +38,8 @@ def _duration(text: str) -> int:
 
 
 def _max_future(text: str) -> int | None:
-    from .events import parse_max_future
     from .rules import RulesError
+    from .spark.records import parse_max_future
 
     try:
         return parse_max_future(text)
@@ -75,7 +75,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except RulesError as exc:
         print(f"tickwheel pipeline run: {exc}", file=sys.stderr)
         return 2
-    from .spark_job import create_session, quick_jit_for, resolve_inputs, run_job
+    from .batch import resolve_inputs, run_job
+    from .spark.session import create_session, quick_jit_for
 
     try:
         files = resolve_inputs(args.input, rules.input.format)
@@ -88,7 +89,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(message, flush=True)
 
-    from ._class_archive import startup_note
+    from .spark.class_archive import startup_note
 
     started = time.perf_counter()
     jit = "C1 only" if quick else "C1 and C2"
@@ -129,7 +130,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from ._class_archive import ArchiveError, build
+    from .prepare import build
+    from .spark.class_archive import ArchiveError
 
     try:
         build(force=args.force)
@@ -189,7 +191,7 @@ def add_pipeline_parser(subparsers: Any) -> None:
                           "a local master and at most 96 MB of input")  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
-    from .stream import add_stream_arguments, run_stream_command
+    from .stream.cli import add_stream_arguments, run_stream_command
 
     stream = sub.add_parser(
         "stream", help="incremental, exactly-once run over a directory of arriving files"

@@ -11,7 +11,7 @@ purgatory's first row.
 The installed package (the same PySpark that the driver imports) has its
 bytecode cached, so this module moves the two zips to the end of
 ``sys.path`` and then runs ``pyspark.daemon`` as Spark would. The workers are
-forked from it and inherit the order. :func:`~.spark_job.create_session`
+forked from it and inherit the order. :func:`~.session.create_session`
 uses it for local masters only (``spark.python.daemon.module``), where the
 workers run this interpreter, which has tickwheel installed.
 """

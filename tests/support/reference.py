@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rules import Rules
+from tickwheel.pipeline.rules import Rules
 
 __all__ = ["ReferenceResult", "iter_input_lines", "run_reference"]
 

@@ -1,0 +1,274 @@
+"""Stage 6: outputs and counts: the step's tables, its next state, and the partitions' counters.
+
+The partitions' rows (:data:`.partition.OUT_COLUMNS`) give ``outcomes``,
+``unmatched``, ``buffered`` and the next state's operations; the classified
+records give ``rejected``, ``late`` and the next state's events. None of these
+runs Python. :class:`PartitionStats` sums the partitions' ``stats`` rows and
+merges their sorted latencies into exact percentiles.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import sys
+from array import array
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..rules import Rules
+from .classify import C_CONFLICT, C_IGNORED, C_LATE, C_REJECTED
+from .frames import parameter
+from .records import key_column, raw_text_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = [
+    "BUFFERED_COLUMNS",
+    "LATE_REASON",
+    "OPS_COLUMNS",
+    "OUTCOME_COLUMNS",
+    "REJECTED_COLUMNS",
+    "UNMATCHED_COLUMNS",
+    "PartitionStats",
+    "buffered_table",
+    "exact_percentile",
+    "late_table",
+    "next_events",
+    "next_ops",
+    "outcome_table",
+    "read_latencies",
+    "rejected_table",
+    "unmatched_table",
+]
+
+OUTCOME_COLUMNS = (
+    "rule", "key", "op_id", "opened_at", "deadline", "outcome", "resolved_at", "latency_ms",
+    "resolve_event_id",
+)  # fmt: skip
+UNMATCHED_COLUMNS = ("rule", "key", "event_id", "event_type", "event_time", "reason")
+REJECTED_COLUMNS = ("event_id", "reason", "raw", "raw_bytes")
+BUFFERED_COLUMNS = ("rule", "key", "event_id", "event_type", "event_time", "seq")
+#: The carried operations (``ops`` of the stream's state): pending ones and expiry markers.
+OPS_COLUMNS = ("kind", "rule", "key", "event_id", "time", "deadline")
+LATE_REASON = "late: event time below the watermark"
+
+
+def _kind(rows: DataFrame, *kinds: str) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return rows.where(F.col("kind").isin(*kinds))
+
+
+def outcome_table(rows: DataFrame, with_pending: bool) -> DataFrame:
+    """``outcomes``: final outcomes and, ``with_pending``, one ``pending`` row per pending
+    operation (what a batch run writes; the stream carries them instead). Lazy."""
+    from pyspark.sql import functions as F
+
+    chosen = _kind(rows, "outcome", "pending") if with_pending else _kind(rows, "outcome")
+    return chosen.select(
+        "rule",
+        "key",
+        F.col("id").alias("op_id"),
+        F.col("time").alias("opened_at"),
+        "deadline",
+        F.coalesce(F.col("outcome"), F.lit("pending")).alias("outcome"),
+        "resolved_at",
+        "latency_ms",
+        "resolve_event_id",
+    )
+
+
+def unmatched_table(rows: DataFrame) -> DataFrame:
+    """``unmatched``: complete and cancel events that found no operation, and why. Lazy."""
+    from pyspark.sql import functions as F
+
+    return _kind(rows, "unmatched").select(
+        "rule", "key", F.col("id").alias("event_id"), "event_type",
+        F.col("time").alias("event_time"), "reason",
+    )  # fmt: skip
+
+
+def buffered_table(rows: DataFrame) -> DataFrame:
+    """``buffered``: the events above the watermark, one row per rule, not applied. Lazy."""
+    from pyspark.sql import functions as F
+
+    return _kind(rows, "buffered").select(
+        "rule", "key", F.col("id").alias("event_id"), "event_type",
+        F.col("time").alias("event_time"), "seq",
+    )  # fmt: skip
+
+
+def _with_raw_text(frame: DataFrame, *columns: str | Column) -> DataFrame:
+    """``frame``'s ``columns``, then ``raw`` as valid UTF-8 and ``raw_bytes`` beside it."""
+    from pyspark.sql import functions as F
+
+    text, exact = raw_text_columns(F.col("raw"))
+    return frame.select(*columns, text.alias("raw"), exact.alias("raw_bytes"))
+
+
+def rejected_table(classified: DataFrame) -> DataFrame:
+    """``rejected``: invalid records and conflicting copies, with their reason. Lazy."""
+    from pyspark.sql import functions as F
+
+    rejected = classified.where(F.col("c").isin(C_CONFLICT, C_REJECTED))
+    return _with_raw_text(rejected, "event_id", "reason")
+
+
+def late_table(classified: DataFrame, rules: Rules) -> DataFrame:
+    """``late`` (the stream's): valid records below the previous watermark ``w_prev``
+    (a run parameter among the columns of ``classified``), with that watermark. Lazy."""
+    from pyspark.sql import functions as F
+
+    late = classified.where(F.col("c") == C_LATE)
+    return _with_raw_text(
+        late,
+        "event_id",
+        "event_type",
+        F.col("time").alias("event_time"),
+        *[F.col(key_column(i)).alias(name) for i, name in enumerate(rules.key_fields)],
+        parameter("w_prev").alias("watermark"),
+        F.lit(LATE_REASON).alias("reason"),
+    )
+
+
+def next_events(classified: DataFrame, rules: Rules, watermark: Column | None) -> DataFrame:
+    """The events the stream carries: kept ones at or above the new ``watermark``
+    (a column; None: all), with their raw text, keys as ``k_<field>``. Lazy."""
+    from pyspark.sql import functions as F
+
+    kept = classified.where(F.col("c") <= C_IGNORED)
+    if watermark is not None:
+        kept = kept.where(F.col("time") >= watermark)
+    return kept.select(
+        "event_id", "event_type", "time", "seq", "raw",
+        *[F.col(key_column(i)).alias(f"k_{name}") for i, name in enumerate(rules.key_fields)],
+    )  # fmt: skip
+
+
+def next_ops(rows: DataFrame) -> DataFrame:
+    """The operations the stream carries: pending ones and expiry markers. Lazy."""
+    from pyspark.sql import functions as F
+
+    return _kind(rows, "pending", "expired").select(
+        "kind", "rule", "key", F.col("id").alias("event_id"), "time", "deadline"
+    )
+
+
+def read_latencies(stats: dict[str, Any], blob: bytes) -> dict[str, array[int]]:
+    """The sorted latency arrays of one ``stats`` row: outcome -> ``array('q')``. O(n)."""
+    out: dict[str, array[int]] = {}
+    offset = 0
+    for name, count in stats["latencies"]:
+        values = array("q", blob[offset : offset + 8 * count])
+        if sys.byteorder != "little":  # pragma: no cover - no big-endian machine here
+            values.byteswap()
+        out[name] = values
+        offset += 8 * count
+    return out
+
+
+def exact_percentile(ordered: Sequence[int], fraction: float) -> float | None:
+    """The exact ``fraction`` percentile of ``ordered`` (sorted), as Spark's ``percentile``.
+
+    Linear interpolation between the two closest ranks: at position
+    ``(n - 1) * fraction``, ``values[lo] + (pos - lo) * (values[hi] - values[lo])``,
+    in the same floating-point steps as Spark 4, so the figures are the ones
+    its exact ``percentile`` aggregate gives (a test compares them). None for
+    no values. O(1).
+    """
+    if not ordered:
+        return None
+    position = (len(ordered) - 1) * fraction
+    lower, higher = math.floor(position), math.ceil(position)
+    low, high = ordered[lower], ordered[higher]
+    if higher == lower or low == high:
+        return float(low)
+    return float(low) + (position - lower) * (float(high) - float(low))
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    """The partitions' own counters (their ``stats`` rows), summed."""
+
+    partitions: int  # partitions that had rows
+    events: int  # rule events
+    applied: int  # of which at or below the watermark, run through the processor
+    buffered: int  # of which above it
+    outcomes: dict[str, int]  # pending included
+    unmatched: dict[str, int]
+    latency: dict[str, Any]  # outcome -> exact p50, p90, p99 of latency_ms
+    loop_s: float
+    loop_cpu: float
+    udf_s: float
+
+    @classmethod
+    def collect(cls, rows: DataFrame) -> PartitionStats:
+        """The ``stats`` rows of the partitions, merged. O(operations) on the driver.
+
+        The latency percentiles are exact: each partition sends its latencies
+        sorted, and they are merged here, which costs less than Spark's
+        ``percentile`` aggregate over the rows.
+        """
+        return cls.merge(
+            bytes(row["stats"]) for row in _kind(rows, "stats").select("stats").collect()
+        )
+
+    @classmethod
+    def merge(cls, blobs: Any) -> PartitionStats:
+        """Sum the counters of ``stats`` blobs (JSON, a newline, the latencies). O(n)."""
+        stats, latencies = [], defaultdict(list)
+        for blob in blobs:
+            head, _, tail = blob.partition(b"\n")
+            one = json.loads(head)
+            stats.append(one)
+            for outcome, values in read_latencies(one, tail).items():
+                latencies[outcome].append(values)
+        outcomes: Counter[str] = Counter()
+        unmatched: Counter[str] = Counter()
+        for s in stats:
+            outcomes.update(s["outcomes"])
+            unmatched.update(s["unmatched"])
+        latency = {}
+        for outcome, parts in sorted(latencies.items()):
+            ordered = list(heapq.merge(*parts))
+            p50, p90, p99 = (exact_percentile(ordered, q) for q in (0.5, 0.9, 0.99))
+            latency[outcome] = {"p50": p50, "p90": p90, "p99": p99}
+        return cls(
+            partitions=len(stats),
+            events=sum(s["events"] for s in stats),
+            applied=sum(s["applied"] for s in stats),
+            buffered=sum(s["buffered"] for s in stats),
+            outcomes=dict(sorted(outcomes.items())),
+            unmatched=dict(sorted(unmatched.items())),
+            latency=latency,
+            loop_s=sum(s["loop_seconds"] for s in stats),
+            loop_cpu=sum(s["loop_cpu_seconds"] for s in stats),
+            udf_s=sum(s["udf_seconds"] for s in stats),
+        )
+
+    def rate(self) -> float:
+        """Events per CPU second of the loop (per core). O(1)."""
+        return self.applied / self.loop_cpu if self.loop_cpu else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The summary's ``loop`` entry. O(1)."""
+        return {
+            "events": self.events,
+            "applied": self.applied,
+            "seconds": round(self.loop_s, 3),
+            "cpu_seconds": round(self.loop_cpu, 3),
+            "events_per_s": round(self.rate(), 1) if self.loop_cpu else None,
+            "events_per_wall_s": round(self.applied / self.loop_s, 1) if self.loop_s else None,
+            "udf_seconds": round(self.udf_s, 3),
+            "note": (
+                "per-partition purgatory loop measured inside mapInArrow: events counts the "
+                "run's rule events, applied those at or below the watermark, which the loop "
+                "ran; events_per_s is per core (applied / CPU seconds of the loop), "
+                "events_per_wall_s uses wall time"
+            ),
+        }

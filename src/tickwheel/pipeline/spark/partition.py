@@ -1,0 +1,375 @@
+"""Stage 5: one key partition through one purgatory, Arrow in and Arrow out.
+
+:func:`run_partitions` repartitions the fanned-out events and the carried
+operations by (rule, key) and hands each partition to :func:`partition_function`
+through ``mapInArrow``. Each partition runs one
+:class:`~tickwheel.pipeline.core.PartitionProcessor` from the previous
+watermark (``start_ms``; none for a batch run) to the new one, W:
+
+1. its rows are split into events and carried state (:data:`IN_COLUMNS`;
+   ``state_kind`` is null for an event);
+2. state this run cannot change is carried straight to the output as Arrow
+   columns (:func:`_untouched_state`): a key's expiry marker, or a pending
+   operation due after W, whose (rule, key) has no event here;
+3. the rest of the state seeds the processor, and the events, sorted by
+   (time, sequence, event id, rule) in Arrow, go through it in slices; events
+   above W are held (``buffered``);
+4. the clock advances to W, and the processor's rows leave as one Arrow batch
+   per kind (:data:`OUT_COLUMNS`): ``outcome`` (final), ``unmatched``,
+   ``pending`` and ``expired`` (the next state's operations and expiry
+   markers), ``buffered``, and one ``stats`` row: the partition's counters
+   and timings as JSON, with the latencies of its resolved operations,
+   sorted, for exact percentiles (:func:`.outputs.exact_percentile`).
+
+Rows go in and out column by column (Arrow columns to Python lists and back),
+not row by row, with the cyclic collector paused throughout (see
+:func:`~tickwheel.pipeline.core.cyclic_gc_paused`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import repeat
+from typing import TYPE_CHECKING, Any
+
+from ..core import STATE_EXPIRED, STATE_PENDING, PartitionProcessor, StateRow, cyclic_gc_paused
+from ..rules import Rules
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import DataFrame
+
+__all__ = [
+    "IN_COLUMNS",
+    "IN_DDL",
+    "OUT_COLUMNS",
+    "OUT_DDL",
+    "partition_function",
+    "run_partitions",
+]
+
+#: A partition's input: (name, Spark type). Events have a null ``state_kind``;
+#: carried state rows have ``pending`` or ``expired`` and no seq or event type.
+IN_COLUMNS = (
+    ("state_kind", "string"),
+    ("rule", "string"),
+    ("key", "string"),
+    ("time", "long"),
+    ("seq", "long"),
+    ("event_id", "string"),
+    ("event_type", "string"),
+    ("deadline", "long"),
+)
+IN_DDL = ", ".join(f"{name} {kind}" for name, kind in IN_COLUMNS)
+
+#: A partition's output: (name, Spark type); ``kind`` says which columns a row fills.
+OUT_COLUMNS = (
+    ("kind", "string"),
+    ("rule", "string"),
+    ("key", "string"),
+    ("id", "string"),
+    ("time", "long"),
+    ("deadline", "long"),
+    ("outcome", "string"),
+    ("resolved_at", "long"),
+    ("latency_ms", "long"),
+    ("resolve_event_id", "string"),
+    ("event_type", "string"),
+    ("reason", "string"),
+    ("seq", "long"),
+    ("stats", "binary"),
+)
+OUT_DDL = ", ".join(f"{name} {kind}" for name, kind in OUT_COLUMNS)
+
+#: The event columns the processor reads (rule and type give its rule index and kind).
+EVENT_INPUT_COLUMNS = ("rule", "key", "time", "seq", "event_id", "event_type")
+#: Events are converted to Python this many rows at a time.
+SLICE_ROWS = 65_536
+
+
+def run_partitions(
+    inputs: DataFrame, rules: Rules, partitions: int, start_ms: int | None, watermark_ms: int
+) -> DataFrame:
+    """``inputs`` (:data:`IN_COLUMNS`) by (rule, key) through :func:`partition_function`.
+
+    Lazy: one shuffle into ``partitions`` partitions, then ``mapInArrow``.
+    """
+    return inputs.repartition(partitions, "rule", "key").mapInArrow(
+        partition_function(rules, start_ms, watermark_ms), OUT_DDL
+    )
+
+
+def partition_function(
+    rules: Rules, start_ms: int | None, watermark_ms: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function: one purgatory per partition, seeded with its state.
+
+    No rows in: no rows out. ``tests/pipeline/test_stream_udf.py`` pins the
+    column mapping and the routing against one processor run over all the events.
+    """
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Paused from the first row in to the last row out: the conversions
+        # allocate a tuple per row, and the restored state is most of the heap.
+        with cyclic_gc_paused():
+            out = _process(rules, start_ms, watermark_ms, batches)
+        yield from out
+
+    return run
+
+
+def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -> Any:
+    """Mask of the ``state`` rows this run cannot change. O(rows).
+
+    A key's expiry marker changes only when an event of that key is applied or
+    one of its operations expires; a pending operation changes only through an
+    event of its key or its own deadline. So a state row is untouched when its
+    (rule, key) has no event in ``events`` and no operation due by
+    ``watermark_ms``, and it is an expiry marker or a pending operation whose
+    deadline is after the watermark. Keys are matched per rule, so no
+    (rule, key) encoding can collide. A row with a null where a value is needed
+    is not untouched: the processor rejects it with a clear error.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    kind = state["state_kind"]
+    pending = pc.equal(kind, STATE_PENDING)
+    due = pc.and_kleene(pending, pc.less_equal(state["deadline"], watermark_ms))
+    carriable = pc.or_kleene(
+        pc.equal(kind, STATE_EXPIRED),
+        pc.and_kleene(pending, pc.greater(state["deadline"], watermark_ms)),
+    )
+    touched = None
+    for rule in rules.rules:
+        in_rule = pc.equal(state["rule"], rule.name)
+        keys = pa.chunked_array(
+            [
+                *events.filter(pc.equal(events["rule"], rule.name))["key"].chunks,
+                *state.filter(pc.and_kleene(in_rule, due))["key"].chunks,
+            ],
+            type=pa.string(),
+        )
+        hit = pc.and_kleene(in_rule, pc.is_in(state["key"], value_set=pc.unique(keys)))
+        touched = hit if touched is None else pc.or_kleene(touched, hit)
+    assert touched is not None  # Rules has at least one rule
+    return pc.fill_null(pc.and_kleene(carriable, pc.invert(touched)), False)
+
+
+def _process(
+    rules: Rules, start_ms: int | None, watermark_ms: int, batches: Iterator[pa.RecordBatch]
+) -> list[pa.RecordBatch]:
+    """One partition's rows in; its rows out (see the module doc's steps)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    started = time.perf_counter()
+    batch_list = list(batches)
+    if not batch_list or not sum(b.num_rows for b in batch_list):
+        return []
+    table = pa.Table.from_batches(batch_list)
+    is_state = pc.is_valid(table["state_kind"])
+    event_rows = table.filter(pc.invert(is_state))
+    state_rows = table.filter(is_state)
+    out = _Output(pa, rules.names)
+    if state_rows.num_rows:
+        unknown = set(pc.unique(state_rows["rule"]).to_pylist()) - set(rules.names)
+        if unknown:
+            raise ValueError(
+                f"state rows name rules {sorted(unknown)}, not among {list(rules.names)}"
+            )
+        untouched = _untouched_state(rules, event_rows, state_rows, watermark_ms)
+        out.carried(state_rows.filter(untouched))
+        state_rows = state_rows.filter(pc.invert(untouched))
+    proc = PartitionProcessor(
+        rules, rules.input.allowed_lateness_ms, state=_state_input(state_rows), start_ms=start_ms
+    )
+    try:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        proc.process(_event_input(pa, rules, event_rows), watermark_ms=watermark_ms)
+        proc.finish(watermark_ms)
+        loop_s, loop_cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        out.processed(proc)
+        out.stats(proc, loop_s, loop_cpu, time.perf_counter() - started)
+        return out.batches
+    finally:
+        proc.close()
+
+
+def _state_input(state_rows: Any) -> list[StateRow]:
+    """The state rows as the processor's :class:`~tickwheel.pipeline.core.StateRow`. O(rows)."""
+    if not state_rows.num_rows:
+        return []
+    c = state_rows.to_pydict()
+    return list(
+        map(
+            StateRow,
+            c["state_kind"],
+            c["rule"],
+            c["key"],
+            c["event_id"],
+            c["time"],
+            c["deadline"],
+            repeat(None),
+            repeat(None),
+        )
+    )
+
+
+def _event_input(
+    pa: Any, rules: Rules, event_rows: Any
+) -> Iterator[tuple[int, str, int, int, str, int, str]]:
+    """The events as the processor's input tuples, in its order. O(n log n).
+
+    Sorted by (time, sequence, event id, rule index) in Arrow, then converted
+    :data:`SLICE_ROWS` at a time; each tuple is (rule index, key, time,
+    sequence, event id, kind, event type).
+    """
+    import pyarrow.compute as pc
+
+    if not event_rows.num_rows:
+        return
+    names = pa.array(rules.names, pa.string())
+    ordered = event_rows.append_column(
+        "_rule", pc.index_in(event_rows["rule"], value_set=names)
+    ).sort_by([(name, "ascending") for name in ("time", "seq", "event_id", "_rule")])
+    # (rule name, event type) -> (rule index, kind): one lookup per event
+    kind_of = {
+        (rule.name, etype): (i, rule.kind_of(etype))
+        for i, rule in enumerate(rules.rules)
+        for etype in (*rule.open, *rule.complete, *rule.cancel)
+    }
+    for start in range(0, ordered.num_rows, SLICE_ROWS):
+        part = ordered.slice(start, SLICE_ROWS)
+        c = {name: part[name].to_pylist() for name in EVENT_INPUT_COLUMNS}
+        try:
+            rule_kind = list(map(kind_of.__getitem__, zip(c["rule"], c["event_type"], strict=True)))
+        except KeyError as exc:  # the fan-out selects only the rules' types
+            raise AssertionError(f"event of no rule's type: {exc}") from None
+        index, kind = zip(*rule_kind, strict=True)
+        yield from zip(
+            index, c["key"], c["time"], c["seq"], c["event_id"], kind, c["event_type"], strict=True
+        )
+
+
+class _Output:
+    """A partition's output batches of :data:`OUT_COLUMNS`, one per kind of row."""
+
+    def __init__(self, pa: Any, names: Sequence[str]) -> None:
+        self.pa = pa
+        self.schema = pa.schema([(name, _ARROW_TYPES[kind](pa)) for name, kind in OUT_COLUMNS])
+        self.rule_names = pa.array(names, pa.string())
+        self.batches: list[Any] = []
+        self.outcomes: Counter[str] = Counter()
+        self.unmatched: Counter[str] = Counter()
+        self.latencies: dict[str, Any] = {}  # outcome -> its latencies, sorted
+
+    def _add(self, n: int, columns: Mapping[str, Any]) -> Any:
+        pa, schema = self.pa, self.schema
+        table = pa.table([columns.get(f.name, pa.nulls(n, f.type)) for f in schema], schema=schema)
+        self.batches.extend(table.to_batches())
+        return table
+
+    def carried(self, state: Any) -> None:
+        """The untouched state rows, column for column. O(rows)."""
+        if state.num_rows:
+            self._add(state.num_rows, {
+                "kind": state["state_kind"], "rule": state["rule"], "key": state["key"],
+                "id": state["event_id"], "time": state["time"], "deadline": state["deadline"],
+            })  # fmt: skip
+
+    def _rows(self, kind: str, rows: Sequence[tuple[Any, ...]], fields: Sequence[str]) -> Any:
+        """Rows of the processor's raw tuples (``fields`` name their items; ``rule`` is
+        the rule's index, ``_`` an item left out). None when there are none."""
+        pa = self.pa
+        if not rows:
+            return None
+        n = len(rows)
+        given = dict(zip(fields, zip(*rows, strict=True), strict=True))
+        given.pop("_", None)
+        arrays = {"kind": pa.array([kind] * n, pa.string())}
+        arrays["rule"] = self.rule_names.take(pa.array(given.pop("rule"), pa.int32()))
+        for name, values in given.items():
+            arrays[name] = pa.array(values, self.schema.field(name).type)
+        if kind == "outcome":
+            import pyarrow.compute as pc
+
+            arrays["latency_ms"] = pc.subtract(arrays["resolved_at"], arrays["time"])
+        return self._add(n, arrays)
+
+    def processed(self, proc: PartitionProcessor) -> None:
+        """The processor's outcomes, unmatched events, pending operations, expiry
+        markers and held events. O(rows)."""
+        outcomes = self._rows("outcome", proc.take_outcomes(), (
+            "rule", "key", "id", "time", "deadline", "outcome", "resolved_at", "resolve_event_id",
+        ))  # fmt: skip
+        if outcomes is not None:
+            self._count_outcomes(outcomes)
+        unmatched = self._rows("unmatched", proc.take_unmatched(),
+                               ("rule", "key", "id", "event_type", "time", "reason"))  # fmt: skip
+        if unmatched is not None:
+            self.unmatched.update(unmatched["reason"].to_pylist())
+        pending = self._rows("pending", proc.pending_operations(),
+                             ("rule", "key", "id", "time", "deadline"))  # fmt: skip
+        if pending is not None:
+            self.outcomes["pending"] += pending.num_rows
+        self._rows("expired", proc.expired_markers(), ("rule", "key", "time"))
+        self._rows("buffered", proc.take_buffered(),
+                   ("rule", "key", "time", "seq", "id", "_", "event_type"))  # fmt: skip
+
+    def _count_outcomes(self, outcomes: Any) -> None:
+        import pyarrow.compute as pc
+
+        names = outcomes["outcome"]
+        for name in pc.unique(names).to_pylist():
+            chosen = pc.filter(outcomes["latency_ms"], pc.equal(names, name)).combine_chunks()
+            self.outcomes[name] += len(chosen)
+            self.latencies[name] = chosen.sort()
+
+    def stats(self, proc: PartitionProcessor, loop_s: float, loop_cpu: float, udf_s: float) -> None:
+        """The counters row: JSON and the sorted latencies (int64, one run per outcome)."""
+        pa = self.pa
+        names = sorted(self.latencies)
+        stats = {
+            "events": proc.events_applied + proc.events_buffered,
+            "applied": proc.events_applied,
+            "buffered": proc.events_buffered,
+            "outcomes": dict(self.outcomes),
+            "unmatched": dict(self.unmatched),
+            "latencies": [[name, len(self.latencies[name])] for name in names],
+            "loop_seconds": loop_s,
+            "loop_cpu_seconds": loop_cpu,
+            "udf_seconds": udf_s,
+        }
+        blob = (
+            json.dumps(stats).encode()
+            + b"\n"
+            + b"".join(_int64_bytes(pa, self.latencies[name]) for name in names)
+        )
+        self._add(1, {"kind": pa.array(["stats"]), "stats": pa.array([blob], pa.binary())})
+
+
+_ARROW_TYPES = {
+    "string": lambda pa: pa.string(),
+    "long": lambda pa: pa.int64(),
+    "binary": lambda pa: pa.binary(),
+}
+
+
+def _int64_bytes(pa: Any, array: Any) -> bytes:
+    """The little-endian int64 values of a null-free ``array``, as bytes. O(n)."""
+    import sys
+
+    values = pa.array(array, pa.int64())
+    data = values.buffers()[1]
+    raw: bytes = data.to_pybytes()[values.offset * 8 : (values.offset + len(values)) * 8]
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian machine here
+        from array import array as typed
+
+        swapped = typed("q", raw)
+        swapped.byteswap()
+        raw = swapped.tobytes()
+    return raw

@@ -1,0 +1,391 @@
+"""Stage 1: records of any form → validated rows, each with its raw text and a reason or none.
+
+A *records* frame comes from any Spark source, in one of three forms:
+
+* ``"json"``: a ``value`` column of text or bytes, one JSON object per row:
+  what Spark's ``text`` source gives for JSON Lines, and its Kafka source
+  (``value`` as bytes, or ``CAST(value AS STRING)``). A blank or null value
+  is not a record (a Kafka tombstone carries none);
+* ``"columns"``: the fields named in ``[input]`` as columns of any Spark type,
+  read as text (a ``TIMESTAMP``, an instant, as its epoch milliseconds); the raw text
+  of a record is the row as JSON. CSV and Parquet files, and tables, give it;
+* ``"maxwell"``: a ``value`` column of Maxwell's binlog JSON, turned into
+  records by :mod:`tickwheel.pipeline.maxwell`.
+
+:func:`record_fields_frame` turns each form into one shape (``raw``, ``malformed``,
+``rejected`` and ``f_<field>``, all text), so :func:`parse_records` validates
+all of them with the same Spark expressions; no Python row loop runs here.
+
+Rules of validation (the same as the plain-Python reference of the tests):
+
+* a record that is not a JSON object is ``malformed`` (form ``"json"``: Spark's
+  ``from_json`` flags it, or gives nothing);
+* the id, type and time fields are required, and so is the key field of every
+  rule that uses the record's type (``missing_field:<name>``; an empty string
+  counts as missing);
+* the time is epoch milliseconds (an integer) or ISO-8601 with an offset
+  (``2024-01-01T10:00:00.123+02:00`` or ``...Z``), between 1970 and 9999;
+  anything else is ``bad_time``;
+* the far-future guard: a time later than the limit the run was given (by
+  default processing time + one day, :data:`DEFAULT_MAX_FUTURE_MS`) is
+  ``far_future``, so one mistyped record cannot drag the watermark years ahead;
+* the sequence, when configured, is an integer (``bad_sequence`` otherwise);
+  a missing sequence is 0.
+
+Values are read as text, as from a CSV file: a time written as a string of
+digits (``"1704067200000"``) is epoch milliseconds, and a key written as a
+JSON array or object is taken as its compact JSON text (``["o1"]``).
+
+Raw text in outputs is valid UTF-8: :func:`raw_text_columns` replaces invalid
+bytes and keeps the exact bytes beside it, in ``raw_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..rules import Rules, RulesError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = [
+    "DEFAULT_MAX_FUTURE_MS",
+    "FORMS",
+    "MAX_TIME_MS",
+    "MISSING_FILE",
+    "RECORDS_DDL_PREFIX",
+    "input_form",
+    "key_column",
+    "parse_max_future",
+    "parse_records",
+    "raw_text_columns",
+    "record_fields",
+    "record_fields_frame",
+    "rejected_records",
+]
+
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+#: The far-future guard's default: an event may be stamped at most one day after
+#: the run's processing time (``--max-future 1d``; ``--max-future off`` turns it off).
+DEFAULT_MAX_FUTURE_MS = 86_400_000
+#: The reject reason of a file that was listed, then removed before it was read.
+MISSING_FILE = "missing_file: removed before it was read"
+INT_PATTERN = r"^-?[0-9]+$"
+ISO_PATTERN = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
+    r"(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
+)
+CORRUPT = "_tickwheel_corrupt"
+#: The forms a records frame can take (see the module doc).
+FORMS = ("json", "columns", "maxwell")
+#: The columns every form becomes, before the ``f_<field>`` text columns.
+RECORDS_DDL_PREFIX = "raw string, malformed boolean, rejected string"
+
+
+def key_column(index: int) -> str:
+    """Name of the parsed column holding the ``index``-th key field. O(1)."""
+    return f"k{index}"
+
+
+def parse_max_future(value: int | str | None) -> int | None:
+    """The far-future guard's setting as ms: a duration (``"1d"``, ``"2h"``, an int of
+    ms) or ``"off"``/None (no guard). O(1).
+
+    Raises :class:`~tickwheel.pipeline.rules.RulesError` naming ``--max-future``.
+    """
+    from ..rules import parse_duration
+
+    if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
+        return None
+    return parse_duration(value, "--max-future")
+
+
+def raw_text_columns(raw: Column) -> tuple[Column, Column]:
+    """``raw`` as valid UTF-8 text, and ``raw_bytes``: its exact bytes when it is not.
+
+    Spark keeps a text file's (or a Kafka value's) bytes as they are, so a line
+    of random bytes is an invalid UTF-8 string, which Spark writes to Parquet
+    and JSON unchanged and which Arrow, pandas and PostgreSQL then refuse to
+    read. The text gets U+FFFD in place of each invalid sequence; ``raw_bytes``
+    (binary) holds the original bytes, or is null when the text was already
+    valid, so nothing is lost. O(length) per row.
+    """
+    from pyspark.sql import functions as F
+
+    return F.make_valid_utf8(raw), F.when(~F.is_valid_utf8(raw), raw.cast("binary"))
+
+
+def record_fields(rules: Rules) -> list[str]:
+    """The fields a record is read for: id, type, time, sequence, key fields; no repeats."""
+    cfg = rules.input
+    names = [cfg.id, cfg.type, cfg.time]
+    if cfg.sequence is not None:
+        names.append(cfg.sequence)
+    names.extend(rules.key_fields)
+    return list(dict.fromkeys(names))
+
+
+def _is_text_or_bytes(frame: DataFrame, column: str) -> bool:
+    from pyspark.sql import types as T
+
+    return column in frame.columns and isinstance(
+        frame.schema[column].dataType, T.StringType | T.BinaryType
+    )
+
+
+def input_form(records: DataFrame, rules: Rules, input_format: str | None = None) -> str:
+    """The form of ``records`` (:data:`FORMS`): ``input_format``, checked, or guessed. O(columns).
+
+    Guessed: ``"columns"`` when the id, type and time fields of ``[input]`` are
+    all columns, else ``"json"`` when there is a ``value`` column of text or
+    bytes. Raises ValueError naming what is missing.
+    """
+    cfg = rules.input
+    needed = [cfg.id, cfg.type, cfg.time]
+    has_value = _is_text_or_bytes(records, "value")
+    form = "json" if input_format == "jsonl" else input_format
+    if form is None:
+        if all(name in records.columns for name in needed):
+            return "columns"
+        if has_value:
+            return "json"
+        raise ValueError(
+            "records: expected a 'value' column of text or bytes (one record per row) or "
+            f"the columns {needed} that [input] names; got columns {records.columns}"
+        )
+    if form not in FORMS:
+        raise ValueError(f"input_format must be one of {', '.join(FORMS)} or None, got {form!r}")
+    if form in ("json", "maxwell") and not has_value:
+        raise ValueError(
+            f"records of input_format {form!r} need a 'value' column of text or bytes; "
+            f"got columns {records.columns}"
+        )
+    return form
+
+
+def record_fields_frame(
+    records: DataFrame,
+    rules: Rules,
+    form: str,
+    maxwell_specs: Sequence[Any] = (),
+) -> DataFrame:
+    """``records`` of ``form`` as columns ``raw``, ``malformed``, ``rejected``, ``f_<field>``.
+
+    ``rejected`` is a reason decided before validation (by the Maxwell
+    adapter), null otherwise. Lazy.
+    """
+    if form == "columns":
+        return _from_columns(records, rules)
+    values = records.select(_value_text(records))
+    if form == "maxwell":
+        return _from_maxwell(values, rules, maxwell_specs)
+    return _from_json_values(values, rules)
+
+
+def _value_text(records: DataFrame) -> Column:
+    """``value`` as text: bytes are taken as they are (invalid UTF-8 is kept, see above)."""
+    from pyspark.sql import functions as F
+
+    return F.col("value").cast("string").alias("value")
+
+
+def _from_json_values(values: DataFrame, rules: Rules) -> DataFrame:
+    """JSON text, one object per row, parsed with ``from_json`` (each keeps its raw text)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    fields = record_fields(rules)
+    schema = T.StructType(
+        [T.StructField(name, T.StringType()) for name in fields]
+        + [T.StructField(CORRUPT, T.StringType())]
+    )
+    parsed = values.where(F.trim(F.col("value")) != "").select(
+        F.col("value").alias("raw"),
+        F.from_json(
+            F.col("value"), schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        ).alias("s"),
+    )
+    return parsed.select(
+        "raw",
+        (F.col("s").isNull() | F.col(f"s.{CORRUPT}").isNotNull()).alias("malformed"),
+        F.lit(None).cast("string").alias("rejected"),
+        *[F.col("s").getField(name).alias(f"f_{name}") for name in fields],
+    )
+
+
+def _field_text(records: DataFrame, name: str) -> Column:
+    """A field of a typed record as text: a TIMESTAMP as its epoch milliseconds."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    column = F.col(f"`{name}`")
+    if isinstance(records.schema[name].dataType, T.TimestampType):
+        return F.unix_millis(column).cast("string")
+    return column.cast("string")
+
+
+def _from_columns(records: DataFrame, rules: Rules) -> DataFrame:
+    """Typed records: each field as text, the raw text the record as JSON."""
+    from pyspark.sql import functions as F
+
+    present = set(records.columns)
+    raw = F.to_json(F.struct(*[F.col(f"`{c}`") for c in records.columns]))
+    return records.select(
+        raw.alias("raw"),
+        F.lit(False).alias("malformed"),
+        F.lit(None).cast("string").alias("rejected"),
+        *[
+            (_field_text(records, name) if name in present else F.lit(None).cast("string")).alias(
+                f"f_{name}"
+            )
+            for name in record_fields(rules)
+        ],
+    )
+
+
+def _from_maxwell(values: DataFrame, rules: Rules, specs: Sequence[Any]) -> DataFrame:
+    """Maxwell's binlog JSON → the records it describes, and rows rejected with their reason."""
+    from pyspark.sql import functions as F
+
+    from ..maxwell import maxwell_records
+
+    cfg = rules.input
+    if not specs:
+        raise RulesError("input_format 'maxwell' needs a [rules.NAME.maxwell] table")
+    if len(rules.key_fields) != 1:
+        raise RulesError("input_format 'maxwell' needs one key field for all rules")
+    if cfg.sequence is None:
+        raise RulesError(
+            "input_format 'maxwell' orders events by binlog position; "
+            'set [input].sequence (for example sequence = "seq")'
+        )
+    lines, rejected = maxwell_records(
+        values.where(F.trim("value") != ""),
+        specs,
+        key=rules.key_fields[0],
+        type_field=cfg.type,
+        time_field=cfg.time,
+        id_field=cfg.id,
+        sequence_field=cfg.sequence,
+    )
+    fields = record_fields(rules)
+    refused = rejected.select(
+        F.col("raw"),
+        F.lit(False).alias("malformed"),
+        F.col("reason").alias("rejected"),
+        *[F.lit(None).cast("string").alias(f"f_{name}") for name in fields],
+    )
+    return _from_json_values(lines, rules).unionByName(refused)
+
+
+def rejected_records(
+    spark: SparkSession, rules: Rules, rows: Sequence[tuple[str, str]]
+) -> DataFrame | None:
+    """Records refused before they were read, as ``(raw, reason)`` pairs, in the shape of
+    :func:`record_fields_frame` (a file listed then removed, an unreadable file). O(rows)."""
+    if not rows:
+        return None
+    fields = record_fields(rules)
+    schema = RECORDS_DDL_PREFIX + "".join(f", `f_{name}` string" for name in fields)
+    return spark.createDataFrame(
+        [(raw, False, reason, *([None] * len(fields))) for raw, reason in rows], schema
+    )
+
+
+def _missing(col: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return col.isNull() | (col == F.lit(""))
+
+
+def _time_ms(time_text: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return (
+        F.when(time_text.rlike(INT_PATTERN), time_text.try_cast("long"))
+        .when(time_text.rlike(ISO_PATTERN), F.unix_millis(time_text.try_cast("timestamp")))
+        .otherwise(F.lit(None).cast("long"))
+    )
+
+
+def _sequence(rules: Rules) -> Column:
+    from pyspark.sql import functions as F
+
+    if rules.input.sequence is None:
+        return F.lit(0).cast("long")
+    seq_text = F.col(f"f_{rules.input.sequence}")
+    return (
+        F.when(_missing(seq_text), F.lit(0).cast("long"))
+        .when(seq_text.rlike(INT_PATTERN), seq_text.try_cast("long"))
+        .otherwise(F.lit(None).cast("long"))
+    )
+
+
+def _reason(rules: Rules, max_time_ms: int | Column | None) -> Column:
+    """The first reason a record is rejected for, or null. Reads ``_time`` and ``_seq``."""
+    from pyspark.sql import functions as F
+
+    cfg = rules.input
+    type_col = F.col(f"f_{cfg.type}")
+    time_col = F.col("_time")
+    time_ok = time_col.isNotNull() & (time_col >= 0) & (time_col <= MAX_TIME_MS)
+    reason = (
+        F.when(F.col("rejected").isNotNull(), F.col("rejected"))
+        .when(F.col("malformed"), F.lit("malformed"))
+        .when(_missing(F.col(f"f_{cfg.id}")), F.lit(f"missing_field:{cfg.id}"))
+        .when(_missing(type_col), F.lit(f"missing_field:{cfg.type}"))
+        .when(_missing(F.col(f"f_{cfg.time}")), F.lit(f"missing_field:{cfg.time}"))
+    )
+    for name in rules.key_fields:
+        types = sorted(
+            {t for r in rules.rules if r.key == name for t in (*r.open, *r.complete, *r.cancel)}
+        )
+        reason = reason.when(
+            type_col.isin(types) & _missing(F.col(f"f_{name}")), F.lit(f"missing_field:{name}")
+        )
+    reason = reason.when(~time_ok, F.lit("bad_time"))
+    if max_time_ms is not None:
+        limit = max_time_ms if not isinstance(max_time_ms, int) else F.lit(max_time_ms)
+        reason = reason.when(time_col > limit, F.lit("far_future"))
+    return reason.when(F.col("_seq").isNull(), F.lit("bad_sequence"))
+
+
+def parse_records(
+    records: DataFrame, rules: Rules, max_time_ms: int | Column | None = None
+) -> DataFrame:
+    """Validate ``records`` (from :func:`record_fields_frame`) with Spark SQL expressions.
+
+    ``max_time_ms`` is the far-future guard's limit: a later event time is
+    rejected as ``far_future`` (None: no guard). It may be a column, such as
+    a run parameter, so that the query's code does not change with it.
+
+    Output columns: ``raw``, ``reason`` (None for a valid record), ``event_id``,
+    ``event_type``, ``time`` (epoch ms), ``seq``, ``k0..kN`` (one per key field of
+    the rules, see :func:`key_column`), ``relevant`` (some rule uses the type), and
+    the columns of ``records`` whose names start with ``_p_`` (run parameters). Lazy.
+    """
+    from pyspark.sql import functions as F
+
+    cfg = rules.input
+    id_col = F.col(f"f_{cfg.id}")
+    type_col = F.col(f"f_{cfg.type}")
+    # The time and the sequence (regular expressions and casts) are computed once
+    # per record in this projection; the checks below only read the columns.
+    # Spark keeps the two projections apart because the expressions are not cheap.
+    records = records.select(
+        "*", _time_ms(F.col(f"f_{cfg.time}")).alias("_time"), _sequence(rules).alias("_seq")
+    )
+    params = [c for c in records.columns if c.startswith("_p_")]
+    return records.select(
+        "raw",
+        _reason(rules, max_time_ms).alias("reason"),
+        F.when(~_missing(id_col), id_col).alias("event_id"),
+        type_col.alias("event_type"),
+        F.col("_time").alias("time"),
+        F.col("_seq").alias("seq"),
+        *[F.col(f"f_{name}").alias(key_column(i)) for i, name in enumerate(rules.key_fields)],
+        type_col.isin(list(rules.event_types)).alias("relevant"),
+        *params,
+    )

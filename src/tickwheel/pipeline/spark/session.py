@@ -1,0 +1,161 @@
+"""Spark session set-up, in one place: the session, a job's settings, the JVM's options.
+
+* :func:`create_session` starts (or gets) a SparkSession for the pipeline: the
+  Python workers, loopback, the UI off, and on a local master the worker
+  daemon of :mod:`.worker_daemon` and, when given, the class archive of
+  :mod:`.class_archive`;
+* :func:`quick_jit_for` decides when a fresh JVM compiles with C1 only;
+* :func:`job_session` gives a job its own child session with
+  :data:`JOB_SQL_SETTINGS`, leaving the caller's session as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from .class_archive import java_options, session_conf
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "JOB_SQL_SETTINGS",
+    "QUICK_JIT_MAX_INPUT_BYTES",
+    "QUICK_JIT_OPTIONS",
+    "WORKER_DAEMON",
+    "create_session",
+    "job_session",
+    "quick_jit_for",
+]
+
+
+#: A batch run on a local master over at most this much input is short enough
+#: that the JVM's optimising compiler costs more than it saves (see
+#: :func:`quick_jit_for`).
+QUICK_JIT_MAX_INPUT_BYTES = 96 * 2**20
+QUICK_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def quick_jit_for(master: str, input_bytes: int) -> bool:
+    """Whether a fresh JVM for a batch run should compile with C1 only. O(1).
+
+    HotSpot compiles hot code twice: quickly (C1), then optimised (C2). On a
+    run of a few seconds, C2's compilations are most of the JVM's CPU and
+    finish too late to pay back; on a run of a few hundred MB they pay. The
+    crossover, :data:`QUICK_JIT_MAX_INPUT_BYTES`, was measured
+    (``docs/benchmarks.md``, "Cold start"). A cluster's executors are
+    long-lived JVMs, and are left alone.
+    """
+    return master.startswith("local") and input_bytes <= QUICK_JIT_MAX_INPUT_BYTES
+
+
+#: The Python worker daemon of local sessions (see :mod:`.worker_daemon`).
+WORKER_DAEMON = "tickwheel.pipeline.spark.worker_daemon"
+
+
+def create_session(
+    master: str = "local[2]",
+    app_name: str = "tickwheel-pipeline",
+    shuffle_partitions: int = 4,
+    conf: dict[str, str] | None = None,
+    quick_jit: bool = False,
+    class_archive: str | os.PathLike[str] | None = None,
+) -> SparkSession:
+    """Start (or get) a SparkSession set up for the pipeline.
+
+    ``quick_jit`` starts the JVM with C1 only (:data:`QUICK_JIT_OPTIONS`; see
+    :func:`quick_jit_for`); ``class_archive`` maps a checked class-data
+    archive, with the class path it was recorded with (see
+    :mod:`.class_archive`). Both have no effect when a JVM is
+    already running, and ``spark.driver.extraJavaOptions`` in ``conf``
+    replaces them.
+
+    Sets ``PYSPARK_PYTHON`` to this interpreter (else workers fall back to the
+    system python), ``SPARK_LOCAL_IP`` to loopback when unset, turns off the UI
+    and Spark's console progress bar, and keeps the log at WARN. On a local
+    master the Python workers import PySpark from the installed package, not
+    from ``pyspark.zip`` (:data:`WORKER_DAEMON`), which saves a fresh worker
+    daemon about a second of compiling.
+
+    It also turns off PySpark's DataFrame call-site capture
+    (``spark.python.sql.dataFrameDebugging.enabled``). With it on, every
+    DataFrame or Column call made from Python walks the Python stack, tries to
+    import IPython, and makes three extra py4j round trips; the pipeline
+    builds its plans from about 200 such calls per micro-batch, and the call
+    sites would only point into tickwheel's own code.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    import pyspark
+    from pyspark.sql import SparkSession
+
+    # local-cluster and standalone workers are started from SPARK_HOME: the
+    # pip package is a complete Spark home.
+    os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
+        .config("spark.driver.memory", "2g")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+    )
+    jvm_options = [QUICK_JIT_OPTIONS] if quick_jit else []
+    jvm_options += java_options(class_archive)
+    if jvm_options:
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(jvm_options))
+    if class_archive is not None:  # the class path the archive was recorded with
+        for name, value in session_conf().items():
+            builder = builder.config(name, value)
+    if master.startswith("local"):  # the workers run this interpreter: see worker_daemon
+        builder = builder.config("spark.python.daemon.module", WORKER_DAEMON)
+    for name, value in (conf or {}).items():
+        builder = builder.config(name, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+#: The SQL settings each pipeline job runs with, in its own child session.
+#:
+#: * No compression of in-memory caches. Both jobs cache frames that are
+#:   mostly unique strings (raw record text, ids, keys) for the few Spark jobs
+#:   of one run or micro-batch. Compressing a cache first hashes every string
+#:   value into a dictionary, 10,000 rows at a time, before it gives up on a
+#:   column of unique values (a large share of the JVM's profile samples in
+#:   the incremental benchmark, ``docs/benchmarks.md``). These caches are
+#:   short-lived, so their CPU matters more than their size.
+#: * No adaptive query execution. The jobs have no joins and set their own
+#:   partition counts, so AQE has nothing to re-plan, but it still splits each
+#:   query into stages planned one after another, which costs a cold run about
+#:   a second (``docs/benchmarks.md``).
+JOB_SQL_SETTINGS = {
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    "spark.sql.adaptive.enabled": "false",
+}
+
+
+def job_session(spark: SparkSession, settings: Mapping[str, str] | None = None) -> SparkSession:
+    """A child of ``spark`` for one job: ``spark``'s SQL settings plus ``settings``.
+
+    The child shares the SparkContext and the cache, and copies every SQL
+    setting of ``spark`` that can be changed at run time; ``settings`` (default
+    :data:`JOB_SQL_SETTINGS`) are applied on top. The caller's session is never
+    changed, so a job's settings cannot leak into it or race with its other
+    threads. O(settings).
+    """
+    child = spark.newSession()
+    for key, value in spark.conf.getAll.items():
+        if key.startswith("spark.sql.") and spark.conf.isModifiable(key):
+            child.conf.set(key, value)
+    for key, value in (JOB_SQL_SETTINGS if settings is None else settings).items():
+        child.conf.set(key, value)
+    return child

@@ -1,0 +1,385 @@
+"""The one step: records in, delayed operations' outcomes out, on any Spark DataFrame.
+
+:class:`DelayedOperations` runs the stages in order; each is one module of
+this package:
+
+1. :mod:`.records`: read and validate the records, whatever their form;
+2. :mod:`.classify`: classify and deduplicate them, with the events carried
+   from earlier micro-batches, in one window by event id (persisted);
+3. :mod:`.watermark`: count them in one aggregate, and advance the watermark;
+4. :mod:`.fanout`: one row per (kept event, rule using its type);
+5. :mod:`.partition`: with the carried operations, by (rule, key), through one
+   purgatory per partition (persisted);
+6. :mod:`.outputs`: the tables, the next state and the counters.
+
+Two drivers call it. The batch driver (:func:`delayed_operations`, and
+``tickwheel pipeline run`` through :mod:`tickwheel.pipeline.batch`) gives it no
+state and takes the final rows: pending operations are ``pending`` outcomes,
+and events above the watermark are ``buffered``. The stream
+(:mod:`tickwheel.pipeline.stream`) gives it the state the previous
+micro-batch committed and carries the next state on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..rules import Rules, load_rules
+from .classify import C_EVENT, classify
+from .fanout import rule_events
+from .frames import empty_frame, parameter, run_parameters
+from .outputs import (
+    PartitionStats,
+    buffered_table,
+    late_table,
+    next_events,
+    next_ops,
+    outcome_table,
+    rejected_table,
+    unmatched_table,
+)
+from .partition import IN_COLUMNS, OUT_DDL, run_partitions
+from .records import (
+    DEFAULT_MAX_FUTURE_MS,
+    input_form,
+    key_column,
+    parse_max_future,
+    parse_records,
+    record_fields_frame,
+    rejected_records,
+)
+from .watermark import RecordCounts, advance_watermark
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["CarriedState", "DelayedOperations", "delayed_operations"]
+
+
+@dataclass(frozen=True)
+class CarriedState:
+    """What a stream carries from one micro-batch to the next.
+
+    ``events`` has the columns of :func:`.outputs.next_events`, ``ops`` those
+    of :data:`.outputs.OPS_COLUMNS`; either may be None (nothing carried).
+    """
+
+    watermark: int | None
+    max_time: int | None
+    events: DataFrame | None = None
+    ops: DataFrame | None = None
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How :class:`DelayedOperations` runs; every field has a default."""
+
+    partitions: int | None = None  # key-hash partitions; default: Spark's default parallelism
+    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS  # None: no far-future guard
+    now_ms: int | None = None  # processing time for the guard; default: the clock now
+    input_format: str | None = None  # see .records.FORMS; None: guessed
+    carry: bool = False  # keep what the next micro-batch needs (raw text of kept events)
+    maxwell_specs: Sequence[Any] = ()
+    refused: Sequence[tuple[str, str]] = ()  # (raw, reason) of records refused before reading
+    event_times: Sequence[int] = ()  # more event times seen (the stream's heartbeats)
+
+
+class DelayedOperations:
+    """The step over one records frame: lazy tables, with their shared stages persisted.
+
+    The first table or count asked for runs the stages it needs; the
+    classified records and the partitions' rows are persisted, so reading all
+    the tables runs each stage once. :meth:`unpersist` (or leaving a ``with``
+    block) releases them. Costs: classifying is one shuffle by event id and a
+    sort; the purgatory one shuffle by (rule, key), a sort in each partition
+    and O(1) per event (amortised) in the timing wheel.
+    """
+
+    def __init__(
+        self,
+        records: DataFrame,
+        rules: Rules,
+        options: StepOptions | None = None,
+        state: CarriedState | None = None,
+    ) -> None:
+        """Check the options and plan the first stages; nothing runs yet. O(columns)."""
+        opts = options or StepOptions()
+        spark = records.sparkSession
+        self.rules, self.options, self.state = rules, opts, state or CarriedState(None, None)
+        self.spark = spark
+        self.partitions = _check_partitions(opts.partitions, spark.sparkContext.defaultParallelism)
+        if opts.max_future_ms is not None and (
+            type(opts.max_future_ms) is not int or opts.max_future_ms < 0
+        ):
+            raise ValueError(
+                f"max_future must be a duration >= 0 or None, got {opts.max_future_ms!r}"
+            )
+        now_ms = int(time.time() * 1000) if opts.now_ms is None else opts.now_ms
+        self.future_limit = None if opts.max_future_ms is None else now_ms + opts.max_future_ms
+        self.form = input_form(records, rules, opts.input_format)
+        # This run's values as data, not literals: see frames.run_parameters.
+        self.params = run_parameters(spark, limit=self.future_limit, w_prev=self.state.watermark)
+        self._classified_plan = classify(
+            self._parsed(records),
+            len(rules.key_fields),
+            self.partitions,
+            carried=self._carried_events(),
+            keep_raw=opts.carry,
+        )
+        self._classified: DataFrame | None = None
+        self._counts: RecordCounts | None = None
+        self._rows: DataFrame | None = None
+        self._stats: PartitionStats | None = None
+
+    # -- stages 1-2 --------------------------------------------------------------
+    def _parsed(self, records: DataFrame) -> DataFrame:
+        fields = record_fields_frame(records, self.rules, self.form, self.options.maxwell_specs)
+        refused = rejected_records(self.spark, self.rules, self.options.refused)
+        if refused is not None:
+            fields = fields.unionByName(refused)
+        limit = None if self.future_limit is None else parameter("limit")
+        return parse_records(fields.crossJoin(self.params), self.rules, limit)
+
+    def _carried_events(self) -> DataFrame | None:
+        """The carried events in the columns of the parsed records."""
+        from pyspark.sql import functions as F
+
+        events = self.state.events
+        if events is None:
+            return None
+        return events.crossJoin(self.params).select(
+            "raw",
+            F.lit(None).cast("string").alias("reason"),
+            "event_id",
+            "event_type",
+            "time",
+            "seq",
+            *[F.col(f"`k_{name}`").alias(key_column(i))
+              for i, name in enumerate(self.rules.key_fields)],
+            F.col("event_type").isin(list(self.rules.event_types)).alias("relevant"),
+            *[c for c in self.params.columns],
+        )  # fmt: skip
+
+    def classified(self) -> DataFrame:
+        """The classified records (:func:`.classify.classify`), persisted on first use."""
+        if self._classified is None:
+            from pyspark import StorageLevel
+
+            self._classified = self._classified_plan.persist(StorageLevel.MEMORY_AND_DISK)
+        return self._classified
+
+    # -- stage 3 -------------------------------------------------------------------
+    def counts(self) -> RecordCounts:
+        """The records' counts: the first action, which classifies them. Cached."""
+        if self._counts is None:
+            self._counts = RecordCounts.collect(self.classified())
+        return self._counts
+
+    @property
+    def watermark(self) -> int | None:
+        """The new watermark W (needs :meth:`counts`). O(1) once counted."""
+        return self._watermark()[0]
+
+    @property
+    def max_time(self) -> int | None:
+        """The largest event time seen, carried or new. O(1) once counted."""
+        return self._watermark()[1]
+
+    def _watermark(self) -> tuple[int | None, int | None]:
+        times = (self.state.max_time, self.counts().max_time, *self.options.event_times)
+        return advance_watermark(self.state.watermark, times, self.rules.input.allowed_lateness_ms)
+
+    # -- stages 4-5 ------------------------------------------------------------------
+    def rows(self) -> DataFrame:
+        """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use."""
+        if self._rows is None:
+            from pyspark import StorageLevel
+
+            watermark = self.watermark
+            if watermark is None:  # no event, nothing carried: no partition has rows
+                self._rows = empty_frame(self.spark, OUT_DDL)
+            else:
+                self._rows = run_partitions(
+                    self._partition_inputs(),
+                    self.rules,
+                    self.partitions,
+                    self.state.watermark,
+                    watermark,
+                ).persist(StorageLevel.MEMORY_AND_DISK)
+        return self._rows
+
+    def _partition_inputs(self) -> DataFrame:
+        """The kept events not applied yet, one row per rule, and the carried operations."""
+        from pyspark.sql import functions as F
+
+        classified = self.classified()
+        kept = classified.where((F.col("c") == C_EVENT) & ~F.col("applied"))
+        types = dict(IN_COLUMNS)
+        events = rule_events(kept, self.rules).select(
+            *[
+                F.col(name) if name in ("rule", "key", "time", "seq", "event_id", "event_type")
+                else F.lit(None).cast(types[name]).alias(name)
+                for name in types
+            ]
+        )  # fmt: skip
+        ops = self.state.ops
+        if ops is None:
+            return events
+        return events.unionByName(
+            ops.select(
+                F.col("kind").alias("state_kind"),
+                "rule",
+                "key",
+                "time",
+                F.lit(None).cast("long").alias("seq"),
+                "event_id",
+                F.lit(None).cast("string").alias("event_type"),
+                "deadline",
+            )
+        )
+
+    def stats(self) -> PartitionStats:
+        """The partitions' counters, merged: the action that runs the purgatory. Cached."""
+        if self._stats is None:
+            self._stats = PartitionStats.collect(self.rows())
+        return self._stats
+
+    # -- stage 6: the tables -----------------------------------------------------------
+    @property
+    def outcomes(self) -> DataFrame:
+        """Final outcomes and one ``pending`` row per operation still pending at W."""
+        return outcome_table(self.rows(), with_pending=True)
+
+    @property
+    def final_outcomes(self) -> DataFrame:
+        """Final outcomes only (completed, expired, cancelled): what the stream writes."""
+        return outcome_table(self.rows(), with_pending=False)
+
+    @property
+    def unmatched(self) -> DataFrame:
+        """Complete and cancel events that found no pending operation, with the reason."""
+        return unmatched_table(self.rows())
+
+    @property
+    def rejected(self) -> DataFrame:
+        """Invalid records and conflicting copies, with the reason and the raw text."""
+        return rejected_table(self.classified())
+
+    @property
+    def buffered(self) -> DataFrame:
+        """Events above the watermark, one row per rule using their type, not applied."""
+        return buffered_table(self.rows())
+
+    @property
+    def late(self) -> DataFrame:
+        """Valid records older than the previous watermark (none without carried state)."""
+        return late_table(self.classified().crossJoin(self.params), self.rules)
+
+    def next_state(self) -> dict[str, DataFrame]:
+        """The state the next micro-batch needs: ``events`` and ``ops`` (see CarriedState)."""
+        watermark = self.watermark
+        params = run_parameters(self.spark, w_new=watermark)
+        events = self.classified().crossJoin(params)
+        return {
+            "events": next_events(
+                events, self.rules, None if watermark is None else parameter("w_new")
+            ),
+            "ops": next_ops(self.rows()),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The counts of ``summary.json``: records by class, rejects by reason, outcomes,
+        the watermark, exact latency percentiles, the loop's own rate. Runs both actions."""
+        counts, stats = self.counts(), self.stats()
+        return {
+            "partitions": self.partitions,
+            "allowed_lateness_ms": self.rules.input.allowed_lateness_ms,
+            "max_future_ms": self.options.max_future_ms,
+            "far_future_after_ms": self.future_limit,
+            "max_event_time": self.max_time,
+            "watermark": self.watermark,
+            "counts": {
+                "records": counts.records,
+                "rejected": counts.rejected_total,
+                "rejected_by_reason": counts.rejected,
+                "duplicates": counts.duplicates,
+                "conflicts": counts.rejected.get("conflict", 0),
+                "events": counts.events,
+                "ignored": counts.ignored,
+                "late": counts.late,
+                "rule_events": stats.events,
+                "buffered": stats.buffered,
+                "outcomes": stats.outcomes,
+                "unmatched": stats.unmatched,
+            },
+            "latency_ms": stats.latency,
+            "loop": stats.summary(),
+        }
+
+    def unpersist(self) -> None:
+        """Release the persisted stages (a later table recomputes them). O(1)."""
+        for frame in (self._rows, self._classified):
+            if frame is not None:
+                frame.unpersist()
+        self._rows = self._classified = None
+        self._counts = self._stats = None
+
+    def __enter__(self) -> DelayedOperations:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unpersist()
+
+
+def _check_partitions(partitions: int | None, default: int) -> int:
+    if partitions is None:
+        return max(default, 1)
+    if type(partitions) is not int or partitions < 1:
+        raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
+    return partitions
+
+
+def delayed_operations(
+    records: DataFrame,
+    rules: Rules | str | os.PathLike[str],
+    *,
+    partitions: int | None = None,
+    max_future: int | str | None = DEFAULT_MAX_FUTURE_MS,
+    input_format: str | None = None,
+    now_ms: int | None = None,
+) -> DelayedOperations:
+    """The delayed operations of ``records`` under ``rules``, as a batch: a DataFrame step.
+
+    ``records`` is a (non-streaming) DataFrame from any source, of one of the
+    forms of :mod:`.records`: a ``value`` column of text or bytes (JSON per row,
+    as the ``text`` and Kafka sources give), or the ``[input]`` fields as
+    columns; ``input_format`` (``"json"``, ``"columns"``, ``"maxwell"``) says
+    which when guessing is not wanted. ``rules`` is a :class:`Rules` or a rules
+    file's path. ``partitions`` is the number of key-hash partitions (default:
+    Spark's default parallelism). ``max_future`` is the far-future guard: a
+    record stamped later than ``now_ms`` (default: now) plus it is rejected as
+    ``far_future`` (ms, a duration like ``"1d"``, or None/``"off"``).
+
+    Returns a :class:`DelayedOperations` whose ``outcomes``, ``unmatched``,
+    ``rejected`` and ``buffered`` are DataFrames with the columns and rows of
+    ``tickwheel pipeline run``'s output directories, and whose ``summary()``
+    gives ``summary.json``'s counts. Use it in a ``with`` block to release
+    what it persists. Nothing runs until a table is read or counted.
+    """
+    if records.isStreaming:
+        raise ValueError(
+            "delayed_operations takes a batch DataFrame; for a streaming one use start_stream"
+        )
+    if not isinstance(rules, Rules):
+        rules = load_rules(os.fspath(rules))
+    options = StepOptions(
+        partitions=partitions,
+        max_future_ms=parse_max_future(max_future),
+        now_ms=now_ms,
+        input_format=input_format,
+    )
+    return DelayedOperations(records, rules, options)

@@ -1,0 +1,95 @@
+"""``tickwheel pipeline stream``: the stream driver over a directory of arriving files."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .checkpoint import StreamError
+from .job import StreamConfig, StreamJob
+
+__all__ = ["add_stream_arguments", "main", "run_stream_command"]
+
+
+def add_stream_arguments(parser: Any) -> None:
+    """Add the options of ``tickwheel pipeline stream`` to an argparse parser. O(1)."""
+    parser.add_argument("--rules", required=True, help="rules TOML file")
+    parser.add_argument("--input", required=True, help="directory the stream watches for files")
+    parser.add_argument("--output", required=True, help="output directory (and SQLite home)")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (one job)")
+    parser.add_argument(
+        "--trigger",
+        default="available-now",
+        help="once | available-now (default) | interval=30s (runs until stopped)",
+    )
+    parser.add_argument(
+        "--sink", default="parquet", choices=("parquet", "sqlite", "postgresql"), help="sink"
+    )
+    parser.add_argument("--jdbc-url", help="JDBC URL for --sink sqlite/postgresql")
+    parser.add_argument(
+        "--input-format",
+        choices=("jsonl", "json", "csv", "parquet", "maxwell"),
+        help="input format (default: the rules' [input].format)",
+    )
+    parser.add_argument("--partitions", type=int, help="partitions of the purgatory stage")
+    parser.add_argument(
+        "--max-files-per-trigger", type=int, help="at most this many new files per micro-batch"
+    )
+    parser.add_argument(
+        "--max-future",
+        default="1d",
+        help="reject events stamped more than this after processing time as far_future "
+        "('1d' default, '2h', ms, or 'off')",
+    )
+    parser.add_argument("--master", help="Spark master URL (default local[2])")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def run_stream_command(args: Any) -> int:
+    """Run ``tickwheel pipeline stream`` from parsed arguments; return the exit code."""
+    from ..rules import RulesError
+    from ..sinks import SinkError
+    from ..spark.records import parse_max_future
+
+    try:
+        max_future = parse_max_future(args.max_future)
+        if args.partitions is not None and args.partitions < 1:
+            raise StreamError("--partitions must be >= 1")
+        config = StreamConfig(
+            rules_path=args.rules,
+            input=args.input,
+            output=args.output,
+            checkpoint=args.checkpoint,
+            trigger=args.trigger,
+            sink=args.sink,
+            jdbc_url=args.jdbc_url,
+            input_format=args.input_format,
+            partitions=args.partitions,
+            max_files_per_trigger=args.max_files_per_trigger,
+            max_future_ms=max_future,
+            master=args.master,
+            quiet=args.quiet,
+        )
+        with StreamJob(config) as job:
+            job.run()
+    except (StreamError, RulesError, SinkError) as exc:
+        print(f"tickwheel pipeline stream: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tickwheel.pipeline.stream.cli``: the same as ``tickwheel pipeline stream``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="tickwheel pipeline stream",
+        description="Incremental, exactly-once pipeline over a directory of arriving files.",
+    )
+    add_stream_arguments(parser)
+    return run_stream_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,533 @@
+"""The stream driver: the one step per micro-batch, with carried state, committed exactly once.
+
+Two entry points build the same Structured Streaming query, whose
+``foreachBatch`` is a :class:`BatchRunner`:
+
+* :func:`start_stream`: a streaming DataFrame of records from any replayable
+  source (Kafka, a table, Spark's own file sources...), for a Spark user's
+  own job; it returns Spark's ``StreamingQuery``;
+* :class:`StreamJob`: ``tickwheel pipeline stream``, over a directory of
+  arriving files. Its source lists new files in (modification time, name)
+  order (:mod:`.file_source`), and each micro-batch reads its files into a
+  records frame (:func:`tickwheel.pipeline.spark.files.read_files`); a marker
+  file (``*.heartbeat``) holding an event time raises the largest event time
+  seen, so the watermark advances and deadlines fire while input stalls.
+
+Spark checkpoints what each micro-batch took (``CK/spark/``); tickwheel's
+state is beside it (``CK/tickwheel/``, :mod:`.checkpoint`). Micro-batch ``N``
+(:mod:`.micro_batch`):
+
+1. skips itself if ``state/N`` exists (committed before a crash that came
+   before Spark's own commit log); refuses to run if a later state exists;
+2. writes (once) or re-reads its plan ``plans/N.json``: its processing time
+   for the far-future guard (and its files), so a replay decides the same;
+3. runs the step on its records with the state of the latest committed batch;
+4. commits: outputs staged in the sink and, at the same time, the next state
+   staged in ``staging/N``; then the sink's commit (idempotent per batch id),
+   and finally the rename ``staging/N → state/N``: the commit point.
+
+A micro-batch that Spark replays after a crash recomputes from the same
+records and the same state and gets the same rows; the sink replaces
+(Parquet) or skips (SQLite, PostgreSQL) its own earlier copy. See
+``docs/pipeline.md``. Fault injection (tests): ``TICKWHEEL_FAULT=POINT:BATCH``
+kills the driver with SIGKILL at ``POINT`` of micro-batch ``BATCH``
+(:data:`~.checkpoint.FAULT_POINTS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..rules import Rules, load_rules
+from ..spark.files import HEARTBEAT_SUFFIX, read_files, read_heartbeats
+from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
+from ..spark.step import StepOptions
+from .checkpoint import (
+    FAULT_POINTS,
+    CheckpointInUse,
+    CheckpointLock,
+    StateStore,
+    StreamError,
+    fault,
+    read_json,
+)
+from .micro_batch import TABLES, MicroBatch, MicroBatchInput
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    from ..sinks import BatchSink
+
+__all__ = [
+    "FAULT_POINTS",
+    "BatchRunner",
+    "CheckpointInUse",
+    "StreamConfig",
+    "StreamError",
+    "StreamJob",
+    "parse_trigger",
+    "read_stream_outputs",
+    "start_stream",
+]
+
+Say = Callable[[str], None]
+
+
+def parse_trigger(text: str) -> tuple[str, int | None]:
+    """Parse ``once``, ``available-now`` or ``interval=30s`` into (kind, interval ms). O(1)."""
+    from ..rules import parse_duration
+
+    if text in ("once", "available-now"):
+        return text, None
+    if text.startswith("interval="):
+        ms = parse_duration(text[len("interval=") :], "--trigger interval")
+        if ms <= 0:
+            raise StreamError("--trigger interval must be positive")
+        return "interval", ms
+    raise StreamError(f"--trigger: expected once, available-now or interval=30s, got {text!r}")
+
+
+def _with_trigger(writer: DataStreamWriter, trigger: str | None) -> DataStreamWriter:
+    """``writer`` with ``trigger`` (:func:`parse_trigger`'s text; None: Spark's default)."""
+    if trigger is None:
+        return writer
+    kind, interval_ms = parse_trigger(trigger)
+    if kind == "once":
+        return writer.trigger(once=True)
+    if kind == "available-now":
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{interval_ms} milliseconds")
+
+
+def _log(quiet: bool, message: str) -> None:
+    if not quiet:
+        stamp = dt.datetime.now().strftime("%H:%M:%S")
+        print(f"[{stamp}] stream: {message}", flush=True)
+
+
+@dataclass
+class BatchRunner:
+    """``foreachBatch``'s function: each micro-batch once, in order, with its progress line.
+
+    ``process(frame, batch_id)`` computes and commits the micro-batch from what
+    the query hands over, and returns its plan and its counts.
+    """
+
+    store: StateStore
+    sink: BatchSink
+    process: Callable[[DataFrame, int], tuple[Mapping[str, Any], dict[str, Any]]]
+    quiet: bool = False
+    batches_run: int = 0
+    totals: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        """Run micro-batch ``batch_id`` unless it is committed already (a replay)."""
+        started = time.perf_counter()
+        if os.path.isdir(self.store.path(batch_id)):
+            _log(self.quiet, f"batch {batch_id}: already committed; skipped (replay)")
+            return
+        later = [b for b in self.store.committed() if b > batch_id]
+        if later:
+            raise StreamError(
+                f"checkpoint {os.path.dirname(self.store.root)}: Spark replays batch {batch_id} "
+                f"but tickwheel's state is already at batch {later[-1]}; the checkpoint was "
+                "tampered with"
+            )
+        fault("batch_start", batch_id)
+        plan, counts = self.process(frame, batch_id)
+        self._report(batch_id, plan, counts, time.perf_counter() - started)
+
+    def _report(
+        self, batch_id: int, plan: Mapping[str, Any], counts: dict[str, Any], seconds: float
+    ) -> None:
+        warnings: list[str] = counts.pop("warnings")
+        for message in warnings:  # on stderr even when quiet
+            print(f"tickwheel pipeline stream: batch {batch_id}: warning: {message}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        self.warnings.extend(f"batch {batch_id}: {message}" for message in warnings)
+        for name, value in counts.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.totals[name] = self.totals.get(name, 0) + value
+        self.batches_run += 1
+        files = plan.get("files")
+        took = f"{len(files)} file(s), " if files is not None else ""
+        _log(
+            self.quiet,
+            f"batch {batch_id}: {took}"
+            + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+            + f" in {seconds:.1f}s"
+            + "".join(f"; WARNING: {message}" for message in warnings),
+        )
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        """The run's summary: batches, totals, warnings and the last watermark. O(batches)."""
+        last = self.store.committed()
+        summary: dict[str, Any] = {
+            "batches_run": self.batches_run,
+            "last_batch": last[-1] if last else None,
+            "seconds": round(seconds, 3),
+            "sink": self.sink.describe(),
+            **self.totals,
+            "warnings": self.warnings,
+        }
+        if last:
+            meta = read_json(os.path.join(self.store.path(last[-1]), "meta.json"))
+            summary["watermark"] = meta["watermark"]
+        return summary
+
+
+def _plan(store: StateStore, batch_id: int, **more: Any) -> dict[str, Any]:
+    """The micro-batch's write-ahead plan: its processing time (and ``more``), made once."""
+    return store.plan(
+        batch_id, lambda: {"batch_id": batch_id, **more, "now_ms": int(time.time() * 1000)}
+    )
+
+
+def _checkpoint_root(checkpoint: str) -> tuple[str, StateStore, CheckpointLock]:
+    """The checkpoint's tickwheel directory, its state store and its lock (taken)."""
+    root = os.path.join(os.path.abspath(checkpoint), "tickwheel")
+    os.makedirs(root, exist_ok=True)
+    lock = CheckpointLock(root)
+    lock.acquire()
+    return root, StateStore(root), lock
+
+
+def start_stream(
+    records: DataFrame,
+    rules: Rules | str | os.PathLike[str],
+    *,
+    output: str,
+    checkpoint: str,
+    sink: str | BatchSink = "parquet",
+    trigger: str | None = None,
+    partitions: int | None = None,
+    max_future: int | str | None = DEFAULT_MAX_FUTURE_MS,
+    input_format: str | None = None,
+    jdbc_url: str | None = None,
+    quiet: bool = True,
+) -> StreamingQuery:
+    """Start the delayed operations of a streaming ``records`` frame; return its query.
+
+    ``records`` comes from any replayable Structured Streaming source, in a
+    form of :mod:`tickwheel.pipeline.spark.records` (a ``value`` column of JSON
+    text or bytes, as Kafka's source gives; or the ``[input]`` fields as
+    columns). Each micro-batch runs the same step as
+    :func:`~tickwheel.pipeline.delayed_operations`, with the state the previous
+    one committed, and commits its ``outcomes``, ``unmatched``, ``rejected``
+    and ``late`` rows to ``sink`` exactly once by batch id (``"parquet"`` in
+    ``output``, ``"sqlite"``, ``"postgresql"`` with ``jdbc_url``, or a
+    :class:`~tickwheel.pipeline.sinks.BatchSink`). Spark's checkpoint goes to
+    ``CHECKPOINT/spark`` and tickwheel's state to ``CHECKPOINT/tickwheel``;
+    the checkpoint is locked until the query ends (a second query on it
+    raises :class:`CheckpointInUse`). ``trigger`` is ``"once"``,
+    ``"available-now"``, ``"interval=30s"`` or None (Spark's default).
+    ``read_stream_outputs`` reads the results with the pending operations.
+    """
+    from ..sinks import make_sink
+
+    if not records.isStreaming:
+        raise ValueError("start_stream takes a streaming DataFrame; for a batch one use "
+                         "delayed_operations")  # fmt: skip
+    if not isinstance(rules, Rules):
+        rules = load_rules(os.fspath(rules))
+    spark = records.sparkSession
+    if trigger is not None:
+        parse_trigger(trigger)  # a bad trigger fails before the checkpoint is locked
+    options = StepOptions(
+        partitions=partitions, max_future_ms=parse_max_future(max_future), input_format=input_format
+    )
+    _, store, lock = _checkpoint_root(checkpoint)
+    try:
+        batch_sink = (
+            sink if not isinstance(sink, str) else make_sink(sink, output, spark, url=jdbc_url)
+        )
+
+        def process(frame: DataFrame, batch_id: int) -> tuple[Mapping[str, Any], dict[str, Any]]:
+            batch = MicroBatchInput(frame, _plan(store, batch_id))
+            return batch.plan, MicroBatch(rules, store, batch_sink, options, batch).run()
+
+        runner = BatchRunner(store, batch_sink, process, quiet=quiet)
+        writer = records.writeStream.foreachBatch(runner).option(
+            "checkpointLocation", os.path.join(os.path.abspath(checkpoint), "spark")
+        )
+        query = _with_trigger(writer, trigger).start()
+    except BaseException:
+        lock.release()
+        raise
+    _release_when_done(spark, query, lock)
+    return query
+
+
+def _release_when_done(spark: SparkSession, query: StreamingQuery, lock: CheckpointLock) -> None:
+    """Release ``lock`` when ``query`` terminates, however it ends."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class Release(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if str(event.id) == str(query.id):
+                lock.release()
+                spark.streams.removeListener(self)
+
+    spark.streams.addListener(Release())
+    if not query.isActive:  # ended before the listener was in place
+        lock.release()
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Options of one ``tickwheel pipeline stream`` job."""
+
+    rules_path: str
+    input: str
+    output: str
+    checkpoint: str
+    trigger: str = "available-now"
+    sink: str = "parquet"
+    jdbc_url: str | None = None
+    input_format: str | None = None  # default: the rules' [input].format
+    partitions: int | None = None
+    max_files_per_trigger: int | None = None
+    max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
+    master: str | None = None
+    quiet: bool = False
+
+
+class StreamJob:
+    """``tickwheel pipeline stream``: a directory of arriving files through the stream."""
+
+    def __init__(self, config: StreamConfig, spark: SparkSession | None = None) -> None:
+        """Validate the options and take the checkpoint lock (refused if held). O(1)."""
+        from ..maxwell import split_maxwell_tables
+        from ..rules import RulesError, parse_rules
+
+        self.config = config
+        try:
+            import tomllib
+
+            with open(config.rules_path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except FileNotFoundError:
+            raise StreamError(f"{config.rules_path}: no such rules file") from None
+        except ValueError as exc:
+            raise StreamError(f"{config.rules_path}: not valid TOML: {exc}") from None
+        clean, self.maxwell_specs = split_maxwell_tables(doc)
+        try:
+            self.rules: Rules = parse_rules(clean)
+        except RulesError as exc:
+            raise StreamError(f"{config.rules_path}: {exc}") from None
+        self.input_format = self._input_format()
+        parse_trigger(config.trigger)
+        if not os.path.isdir(config.input):
+            raise StreamError(f"--input {config.input}: not a directory")
+        self.checkpoint = os.path.abspath(config.checkpoint)
+        self.root, self.store, self._lock = _checkpoint_root(self.checkpoint)
+        self._spark = spark
+        self._batch_spark: SparkSession | None = None
+        self.sink: BatchSink | None = None
+        self.options: StepOptions | None = None
+
+    def _input_format(self) -> str:
+        fmt = self.config.input_format or self.rules.input.format
+        fmt = "json" if fmt == "jsonl" else fmt
+        path = self.config.rules_path
+        if fmt not in ("json", "csv", "parquet", "maxwell"):
+            raise StreamError(
+                f"--input-format: expected jsonl, csv, parquet or maxwell, got {fmt!r}"
+            )
+        if fmt == "maxwell" and not self.maxwell_specs:
+            raise StreamError(f"{path}: --input-format maxwell needs a [rules.NAME.maxwell] table")
+        if fmt == "maxwell" and len(self.rules.key_fields) != 1:
+            raise StreamError(f"{path}: --input-format maxwell needs one key field for all rules")
+        if fmt == "maxwell" and self.rules.input.sequence is None:
+            raise StreamError(
+                f"{path}: --input-format maxwell orders events by binlog position; "
+                'set [input].sequence (for example sequence = "seq")'
+            )
+        return fmt
+
+    # -- session ------------------------------------------------------------
+    def _session(self) -> SparkSession:
+        if self._spark is not None:
+            return self._spark
+        from pyspark.sql import SparkSession
+
+        from ..sinks import spark_jdbc_conf
+        from ..spark.class_archive import startup_note
+        from ..spark.session import create_session
+
+        conf = {"spark.sql.session.timeZone": "UTC", **spark_jdbc_conf()}
+        master = self.config.master or "local[2]"
+        archive, classes = startup_note(master)
+        if classes and SparkSession.getActiveSession() is None:  # else the JVM is up already
+            _log(self.config.quiet, f"starting Spark ({master}; {classes})")
+        spark = create_session(
+            master=master,
+            app_name="tickwheel-stream",
+            shuffle_partitions=self.config.partitions or 4,
+            conf=conf,
+            class_archive=archive,
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        self._spark = spark
+        return spark
+
+    def _batch_session(self) -> SparkSession:
+        """The session the micro-batches read their files in: a child of :meth:`_session`.
+
+        Made once by :func:`~tickwheel.pipeline.spark.session.job_session`, with
+        the pipeline's job settings; the caller's session is not changed.
+        """
+        if self._batch_spark is None:
+            from ..spark.session import job_session
+
+            self._batch_spark = job_session(self._session())
+        return self._batch_spark
+
+    def close(self) -> None:
+        """Release the checkpoint lock (the SparkSession is left to its owner)."""
+        self._lock.release()
+
+    def __enter__(self) -> StreamJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- running ------------------------------------------------------------
+    def _on_batch(
+        self, files_df: DataFrame, batch_id: int
+    ) -> tuple[Mapping[str, Any], dict[str, Any]]:
+        """Micro-batch ``batch_id`` of the files the source listed (in its order)."""
+        listed = [r["path"] for r in files_df.collect()]
+        plan = _plan(self.store, batch_id, files=listed)
+        return plan, self._run_batch(batch_id, plan)
+
+    def _run_batch(self, batch_id: int, plan: Mapping[str, Any]) -> dict[str, Any]:
+        """Compute and commit micro-batch ``batch_id`` from its plan's files; its counts."""
+        assert self.sink is not None and self.options is not None
+        batch = self._files_input(plan)
+        return MicroBatch(self.rules, self.store, self.sink, self.options, batch).run()
+
+    def _files_input(self, plan: Mapping[str, Any]) -> MicroBatchInput:
+        """The plan's files as the micro-batch's records, refused files and heartbeats."""
+        from ..spark.frames import empty_frame
+
+        files = [p[len("file:") :] if p.startswith("file:") else p for p in plan["files"]]
+        markers = [p for p in files if p.endswith(HEARTBEAT_SUFFIX) and os.path.exists(p)]
+        times, refused = read_heartbeats(markers, self.rules)
+        spark = self._batch_session()
+        records, unread = read_files(
+            spark, [p for p in files if p not in markers], self.input_format
+        )
+        if records is None:
+            records = empty_frame(spark, "value string")
+        return MicroBatchInput(records, plan, [*refused, *unread], times)
+
+    def run(self) -> dict[str, Any]:
+        """Run the query to the end of the trigger (once / available-now) or forever."""
+        from ..sinks import make_sink
+        from .file_source import SOURCE_NAME, OrderedFileSource
+
+        spark = self._session()
+        jvm_pid = None
+        with contextlib.suppress(Exception):
+            jvm = spark.sparkContext._jvm
+            assert jvm is not None
+            jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
+        self._lock.write_owner(jvm_pid)
+        config = self.config
+        self.sink = make_sink(config.sink, config.output, spark, url=config.jdbc_url)
+        _log(config.quiet, f"rules {self.rules.names}, input {config.input} ({self.input_format}),"
+             f" sink {self.sink.describe()}, checkpoint {self.checkpoint}")  # fmt: skip
+        self.options = StepOptions(
+            partitions=config.partitions,
+            max_future_ms=config.max_future_ms,
+            input_format="columns"
+            if self.input_format in ("csv", "parquet")
+            else self.input_format,
+            maxwell_specs=self.maxwell_specs,
+        )
+        runner = BatchRunner(self.store, self.sink, self._on_batch, quiet=config.quiet)
+        # Spark's own file source orders files by modification time only; this
+        # one by (modification time, name), logged in the checkpoint.
+        spark.dataSource.register(OrderedFileSource)
+        reader = spark.readStream.format(SOURCE_NAME).option(
+            "log", os.path.join(self.root, "files.log")
+        )
+        if config.max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", str(config.max_files_per_trigger))
+        writer = reader.load(os.path.abspath(config.input)).writeStream.foreachBatch(runner)
+        writer = writer.option("checkpointLocation", os.path.join(self.checkpoint, "spark"))
+        started = time.perf_counter()
+        query = _with_trigger(writer, config.trigger).start()
+        try:
+            query.awaitTermination()
+        finally:
+            if query.isActive:
+                query.stop()
+        summary = runner.summary(time.perf_counter() - started)
+        _log(config.quiet, f"done: {json.dumps(summary, sort_keys=True)}")
+        return summary
+
+
+def read_stream_outputs(
+    spark: SparkSession, sink: BatchSink, checkpoint: str
+) -> dict[str, DataFrame | None]:
+    """The job's outputs so far: every committed batch's rows plus the current state.
+
+    ``outcomes`` holds the final outcomes of all committed batches and one
+    ``pending`` row for each operation still pending in the latest committed
+    state (what a single batch run over the same data writes); ``unmatched``,
+    ``rejected`` and ``late`` are the union of the batches; ``buffered`` lists
+    the events above the watermark, not applied yet. ``batch_id`` is kept on
+    the batch tables. O(output size).
+    """
+    from pyspark.sql import functions as F
+
+    store = StateStore(os.path.join(os.path.abspath(checkpoint), "tickwheel"))
+    out: dict[str, DataFrame | None] = {t: sink.read_table(spark, t) for t in TABLES}
+    committed = store.committed()
+    if not committed:
+        out["buffered"] = None
+        return out
+    last = store.path(committed[-1])
+    meta: Mapping[str, Any] = read_json(os.path.join(last, "meta.json"))
+    ops = spark.read.parquet(os.path.join(last, "ops"))
+    pending = ops.where(F.col("kind") == "pending").select(
+        "rule",
+        "key",
+        F.col("event_id").alias("op_id"),
+        F.col("time").alias("opened_at"),
+        "deadline",
+        F.lit("pending").alias("outcome"),
+        F.lit(None).cast("long").alias("resolved_at"),
+        F.lit(None).cast("long").alias("latency_ms"),
+        F.lit(None).cast("string").alias("resolve_event_id"),
+        F.lit(None).cast("long").alias("batch_id"),
+    )
+    final = out["outcomes"]
+    out["outcomes"] = pending if final is None else final.unionByName(pending)
+    events = spark.read.parquet(os.path.join(last, "events"))
+    watermark = meta.get("watermark")
+    out["buffered"] = events if watermark is None else events.where(F.col("time") > watermark)
+    return out

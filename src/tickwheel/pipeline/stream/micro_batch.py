@@ -1,0 +1,234 @@
+"""One micro-batch of the stream: the one step with carried state, then the commit.
+
+:meth:`MicroBatch.run` takes the micro-batch's records (a frame from any
+source), loads the state the latest committed batch left
+(:meth:`~MicroBatch.carried_state`), runs the delayed-operations step of
+:mod:`tickwheel.pipeline.spark.step` on both, warns about abnormal batches,
+and :meth:`~MicroBatch.commit`\\ s: the outputs staged in the sink and the next
+state staged in the checkpoint, then the sink's commit, then the rename that
+is the commit point (see the commit protocol in :mod:`.job`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..rules import Rules
+from ..spark.classify import EVENT_STATE_COLUMNS
+from ..spark.outputs import OPS_COLUMNS
+from ..spark.step import CarriedState, DelayedOperations, StepOptions
+from .checkpoint import StateStore, fault, read_json, write_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from ..sinks import BatchSink
+
+__all__ = ["MicroBatch", "MicroBatchInput", "abnormal_batch_warnings"]
+
+#: The tables a micro-batch gives its sink.
+TABLES = ("outcomes", "unmatched", "rejected", "late")
+
+
+@dataclass(frozen=True)
+class MicroBatchInput:
+    """What one micro-batch processes: its records and what its driver learnt besides."""
+
+    records: DataFrame
+    plan: Mapping[str, Any]  # the write-ahead plan: batch_id, now_ms (and the files)
+    refused: Sequence[tuple[str, str]] = ()  # (raw, reason) refused before reading
+    event_times: Sequence[int] = ()  # heartbeats: event times seen without records
+
+
+class MicroBatch:
+    """The computation and commit of one micro-batch of a stream."""
+
+    def __init__(
+        self,
+        rules: Rules,
+        store: StateStore,
+        sink: BatchSink,
+        options: StepOptions,
+        batch: MicroBatchInput,
+    ) -> None:
+        """O(1): nothing is read until :meth:`run`."""
+        self.rules, self.store, self.sink, self.batch = rules, store, sink, batch
+        self.batch_id = int(batch.plan["batch_id"])
+        self.options = options
+        self.spark = batch.records.sparkSession
+        self.previous = store.latest_before(self.batch_id)
+        self.meta: dict[str, Any] = (
+            read_json(os.path.join(store.path(self.previous), "meta.json"))
+            if self.previous is not None
+            else {}
+        )
+
+    def carried_state(self) -> CarriedState:
+        """The state the latest committed batch left (nothing before the first). Lazy."""
+        from pyspark.sql import types as T
+
+        key_fields = [T.StructField(f"k_{k}", T.StringType()) for k in self.rules.key_fields]
+        types = {"time": T.LongType(), "seq": T.LongType(), "deadline": T.LongType()}
+        events_schema = T.StructType(
+            [T.StructField(c, types.get(c, T.StringType())) for c in EVENT_STATE_COLUMNS]
+            + key_fields
+        )
+        ops_schema = T.StructType(
+            [T.StructField(c, types.get(c, T.StringType())) for c in OPS_COLUMNS]
+        )
+        # The schemas are known: giving them spares Spark a job reading the footers.
+        frames = {
+            name: self.spark.read.schema(schema).parquet(path)
+            for name, schema in (("events", events_schema), ("ops", ops_schema))
+            if (path := self._previous_path(name)) is not None
+        }
+        return CarriedState(
+            self.meta.get("watermark"), self.meta.get("max_time"), frames.get("events"),
+            frames.get("ops"),
+        )  # fmt: skip
+
+    def _previous_path(self, name: str) -> str | None:
+        if self.previous is None:
+            return None
+        path = os.path.join(self.store.path(self.previous), name)
+        return path if os.path.isdir(path) else None
+
+    def _previous_span(self) -> int | None:
+        """The previous batch's own events' span of event time (older states lack it)."""
+        first, last = self.meta.get("new_min_time"), self.meta.get("new_max_time")
+        return None if first is None or last is None else last - first
+
+    def run(self) -> dict[str, Any]:
+        """Compute the batch and commit it; return its counts and warnings."""
+        options = StepOptions(
+            partitions=self.options.partitions,
+            max_future_ms=self.options.max_future_ms,
+            now_ms=int(self.batch.plan["now_ms"]),
+            input_format=self.options.input_format,
+            carry=True,
+            maxwell_specs=self.options.maxwell_specs,
+            refused=self.batch.refused,
+            event_times=self.batch.event_times,
+        )
+        with DelayedOperations(
+            self.batch.records, self.rules, options, self.carried_state()
+        ) as step:
+            counts = step.counts()
+            warnings = abnormal_batch_warnings(
+                arrived=counts.arrived,
+                late=counts.late,
+                previous_max_time=self.meta.get("max_time"),
+                watermark=step.watermark,
+                longest_timeout_ms=max(r.timeout_ms for r in self.rules.rules),
+                previous_span_ms=self._previous_span(),
+            )
+            reported = {
+                "late": counts.late,
+                "far_future": counts.rejected.get("far_future", 0),
+                "events": counts.events,
+                "duplicates": counts.duplicates,
+                "conflicts": counts.rejected.get("conflict", 0),
+            }
+            tables = {
+                "outcomes": step.final_outcomes,
+                "unmatched": step.unmatched,
+                "rejected": step.rejected,
+                "late": step.late,
+            }
+            meta = {
+                "batch_id": self.batch_id,
+                "watermark": step.watermark,
+                "max_time": step.max_time,
+                "new_min_time": counts.min_time,
+                "new_max_time": counts.max_time,
+                "files": self.batch.plan.get("files"),
+                "counts": reported,
+                "warnings": warnings,
+            }
+            self.commit(tables, step.next_state(), meta)
+        return {**reported, "watermark": meta["watermark"], "warnings": warnings}
+
+    def commit(
+        self,
+        tables: Mapping[str, DataFrame],
+        next_state: Mapping[str, DataFrame],
+        meta: Mapping[str, Any],
+    ) -> None:
+        """Stage the outputs and the next state (their Spark jobs overlap), then commit.
+
+        Nothing is visible until both are staged; the rename of the staged
+        state is the commit point (see the commit protocol in :mod:`.job`).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        batch_id, sink, store = self.batch_id, self.sink, self.store
+        staged = store.staged(batch_id)
+        shutil.rmtree(staged, ignore_errors=True)
+        os.makedirs(staged)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            state_writes = [
+                pool.submit(frame.write.parquet, os.path.join(staged, name))
+                for name, frame in next_state.items()
+            ]
+            if not sink.is_committed(batch_id):  # a replay after the sink's commit
+                sink.stage(batch_id, tables, on_table=lambda _name: fault("mid_batch", batch_id))
+            fault("after_outputs", batch_id)
+            for future in state_writes:
+                future.result()
+        write_json(os.path.join(staged, "meta.json"), meta)
+        fault("after_state", batch_id)
+        sink.commit(batch_id)
+        fault("after_sink_commit", batch_id)
+        store.commit(batch_id)
+        fault("after_commit", batch_id)
+        store.prune(batch_id)
+
+
+def abnormal_batch_warnings(
+    *,
+    arrived: int,
+    late: int,
+    previous_max_time: int | None,
+    watermark: int | None,
+    longest_timeout_ms: int,
+    previous_span_ms: int | None = None,
+) -> list[str]:
+    """What looks wrong about one micro-batch, as messages for the user. O(1).
+
+    * most of the batch's valid events (``late`` of ``arrived``) were older
+      than the previous watermark: files arrived out of order, or an earlier
+      record moved the watermark too far;
+    * the watermark moved past the previous batch's largest event time by more
+      than the longest rule timeout: every operation pending then has expired
+      at once, which one record with a wrong time can cause. When the previous
+      batch's own events spanned ``previous_span_ms`` of event time, the jump
+      must also exceed three times that span: files that each cover an hour
+      move the watermark an hour per batch, which is their normal pace.
+    """
+    warnings = []
+    if arrived and late * 2 > arrived:
+        warnings.append(
+            f"{late:,} of this batch's {arrived:,} events were older than the watermark "
+            "and went to late/"
+        )
+    if previous_max_time is not None and watermark is not None:
+        jump = watermark - previous_max_time
+        pace = 0 if previous_span_ms is None else 3 * previous_span_ms
+        if jump > longest_timeout_ms and jump > pace:
+            warnings.append(
+                f"the watermark moved {_duration_text(jump)} past the previous batch's largest "
+                f"event time, more than the longest rule timeout "
+                f"({_duration_text(longest_timeout_ms)}): every operation pending then expired"
+            )
+    return warnings
+
+
+def _duration_text(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:,.1f}{unit}"
+    return f"{ms}ms"
