@@ -295,3 +295,22 @@ def test_rules_may_be_a_rules_object_or_a_path(spark: Any, edge_input: dict[str,
     frame = spark.createDataFrame([(v,) for v in lines], "value string")
     got = [_tables(delayed_operations(frame, r, partitions=1)) for r in (rules, str(path))]
     assert got[0] == got[1] == _reference_tables(run_reference(lines, rules))
+
+
+@pytest.mark.slow
+def test_the_example_plain_pyspark_program_runs(tmp_path: Path) -> None:
+    """``examples/spark_library.py``: a batch and a stream from a plain PySpark program."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "spark_library.py"
+    env = subprocess_env()
+    env.pop("JDK_JAVA_OPTIONS")  # the user's own JVM, as they would start it
+    proc = subprocess.run(
+        [sys.executable, str(example), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "batch unmatched: [('o3', 'no_operation')]" in out
+    assert "batch rejected: [('malformed', 'not json')]" in out
+    assert "batch counts: {'completed': 1, 'expired': 1, 'pending': 1}" in out
+    assert "stream batches committed: [0, 1]" in out
+    assert "stream outcomes: [('o1', 'completed'), ('o2', 'expired'), ('o4', 'pending')]" in out
