@@ -12,10 +12,10 @@ from stream_support import ROOT, rows
 from tickwheel.pipeline.maxwell import (
     MaxwellError,
     MaxwellMapping,
-    load_maxwell_specs,
     maxwell_events,
     parse_event_spec,
 )
+from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.stream import StreamConfig, StreamJob, read_stream_outputs
 
 SAMPLE = ROOT / "examples" / "maxwell_orders.jsonl"
@@ -44,7 +44,7 @@ def test_event_patterns() -> None:
 
 def test_specs_from_rules_file() -> None:
     """The sample rules name the table, the key column and three event types."""
-    (spec,) = load_maxwell_specs(str(RULES))
+    (spec,) = load_rules(RULES).maxwell
     assert (spec.rule, spec.database, spec.table, spec.primary_key) == (
         "unpaid_orders",
         "shop",
@@ -57,7 +57,7 @@ def test_specs_from_rules_file() -> None:
 @pytest.mark.spark
 def test_maxwell_events_normalize_in_binlog_order(spark: Any) -> None:
     """Keys, types, times, ids and (xid, xoffset) sequences of the sample stream."""
-    specs = load_maxwell_specs(str(RULES))
+    specs = load_rules(RULES).maxwell
     raw = spark.read.text(str(SAMPLE))
     events, rejected = maxwell_events(raw, specs)
     got = rows(events, ["key", "event_type", "event_time", "event_id", "seq"])

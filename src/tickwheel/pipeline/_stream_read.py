@@ -34,11 +34,10 @@ REJECTED_SCHEMA = "event_id string, reason string, raw string"
 class BatchReader:
     """Reads and validates the files of one micro-batch, for one input format."""
 
-    def __init__(self, rules: Rules, input_format: str, maxwell_specs: Any) -> None:
+    def __init__(self, rules: Rules, input_format: str) -> None:
         """``input_format`` is json, csv, parquet or maxwell (already checked). O(1)."""
         self.rules = rules
         self.input_format = input_format
-        self.maxwell_specs = maxwell_specs
         self.fields = _fields(rules)
 
     def read(self, spark: SparkSession, files: Sequence[str]) -> tuple[DataFrame, DataFrame]:
@@ -78,24 +77,13 @@ class BatchReader:
 
         lines = spark.read.text(list(files))
         if self.input_format == "maxwell":
-            from ._checkpoint import StreamError
             from .maxwell import maxwell_records
 
-            cfg = self.rules.input
-            if len(self.rules.key_fields) != 1:
-                raise StreamError("--input-format maxwell needs one key field for all rules")
-            lines, mrej = maxwell_records(
-                lines.where(F.trim("value") != ""),
-                self.maxwell_specs,
-                key=self.rules.key_fields[0],
-                type_field=cfg.type,
-                time_field=cfg.time,
-                id_field=cfg.id,
-                sequence_field=cfg.sequence,
-            )
+            records, mrej = maxwell_records(lines, self.rules)
             rejected.append(
                 mrej.select(F.lit(None).cast("string").alias("event_id"), "reason", "raw")
             )
+            return records
         schema = T.StructType(
             [T.StructField(f, T.StringType()) for f in self.fields]
             + [T.StructField(CORRUPT, T.StringType())]

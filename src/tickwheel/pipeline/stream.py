@@ -401,24 +401,14 @@ class StreamJob:
 
     def __init__(self, config: StreamConfig, spark: SparkSession | None = None) -> None:
         """Validate the options and take the checkpoint lock (refused if held). O(1)."""
-        from .maxwell import split_maxwell_tables
-        from .rules import RulesError, parse_rules
+        from .maxwell import check_maxwell_rules
+        from .rules import RulesError, load_rules
 
         self.config = config
         try:
-            import tomllib
-
-            with open(config.rules_path, "rb") as fh:
-                doc = tomllib.load(fh)
-        except FileNotFoundError:
-            raise StreamError(f"{config.rules_path}: no such rules file") from None
-        except ValueError as exc:
-            raise StreamError(f"{config.rules_path}: not valid TOML: {exc}") from None
-        clean, self.maxwell_specs = split_maxwell_tables(doc)
-        try:
-            self.rules: Rules = parse_rules(clean)
+            self.rules: Rules = load_rules(config.rules_path)
         except RulesError as exc:
-            raise StreamError(f"{config.rules_path}: {exc}") from None
+            raise StreamError(str(exc)) from None
         self.input_format = config.input_format or self.rules.input.format
         if self.input_format == "jsonl":
             self.input_format = "json"
@@ -427,16 +417,12 @@ class StreamJob:
                 "--input-format: expected jsonl, csv, parquet or maxwell, "
                 f"got {self.input_format!r}"
             )
-        if self.input_format == "maxwell" and not self.maxwell_specs:
-            raise StreamError(
-                f"{config.rules_path}: --input-format maxwell needs a [rules.NAME.maxwell] table"
-            )
-        if self.input_format == "maxwell" and self.rules.input.sequence is None:
-            raise StreamError(
-                f"{config.rules_path}: --input-format maxwell orders events by binlog position; "
-                'set [input].sequence (for example sequence = "seq")'
-            )
-        self.reader = BatchReader(self.rules, self.input_format, self.maxwell_specs)
+        if self.input_format == "maxwell":
+            try:
+                check_maxwell_rules(self.rules)
+            except RulesError as exc:
+                raise StreamError(f"{config.rules_path}: --input-format maxwell: {exc}") from None
+        self.reader = BatchReader(self.rules, self.input_format)
         self.trigger, self.interval_ms = parse_trigger(config.trigger)
         if not os.path.isdir(config.input):
             raise StreamError(f"--input {config.input}: not a directory")
