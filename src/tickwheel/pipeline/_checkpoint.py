@@ -125,13 +125,18 @@ def _wait_gone(pid: int, timeout: float) -> None:
 
 
 def write_json(path: str, payload: Mapping[str, Any]) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically (temporary file, fsync, rename)."""
+    """Write ``payload`` as JSON to ``path`` atomically and durably.
+
+    A temporary file, fsynced, renamed over ``path``; then the directory is
+    fsynced, so the rename itself survives a power loss.
+    """
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(payload, fh, sort_keys=True, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -142,6 +147,7 @@ def read_json(path: str) -> dict[str, Any]:
 
 
 def fsync_dir(path: str) -> None:
+    """Flush the directory ``path`` (its entries: a rename, a new file) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -648,7 +648,12 @@ def read_stream_outputs(
 
 
 def add_stream_arguments(parser: Any) -> None:
-    """Add the options of ``tickwheel pipeline stream`` to an argparse parser. O(1)."""
+    """Add the options of ``tickwheel pipeline stream`` to an argparse parser. O(1).
+
+    No option takes a password: a command line is visible to every user of the
+    machine. The PostgreSQL sink reads it as libpq does (``PGPASSWORD``, the
+    password file), see :func:`tickwheel.pipeline.sinks.postgres_credentials`.
+    """
     parser.add_argument("--rules", required=True, help="rules TOML file")
     parser.add_argument("--input", required=True, help="directory the stream watches for files")
     parser.add_argument("--output", required=True, help="output directory (and SQLite home)")
@@ -661,7 +666,12 @@ def add_stream_arguments(parser: Any) -> None:
     parser.add_argument(
         "--sink", default="parquet", choices=("parquet", "sqlite", "postgresql"), help="sink"
     )
-    parser.add_argument("--jdbc-url", help="JDBC URL for --sink sqlite/postgresql")
+    parser.add_argument(
+        "--jdbc-url",
+        help="JDBC URL for --sink sqlite/postgresql, without a password (ps shows command "
+        "lines): PostgreSQL's comes from PGPASSWORD or the password file (PGPASSFILE, else "
+        "~/.pgpass); without --jdbc-url, PGHOST/PGPORT/PGDATABASE name the server",
+    )
     parser.add_argument(
         "--input-format",
         choices=("jsonl", "json", "csv", "parquet", "maxwell"),
