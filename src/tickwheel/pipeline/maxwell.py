@@ -25,10 +25,13 @@ rows it rejects. The rules' ``[rules.NAME.maxwell]`` tables (grammar in
 rule's events. An event's time is ``ts`` × 1000 (``ts_ms`` when present); its
 key, for the key field of each rule that maps it, is ``data[primary_key]``.
 
-**Order.** The pipeline applies a key's events by (time, sequence, id). One
-row's changes have non-decreasing ``ts`` (a change's statement starts after the
-change before it committed), so the sequence orders the changes of one row
-within one second. It comes from the most exact order a record carries:
+**Order.** The pipeline applies a key's events by (time, sequence, id), so
+the sequence orders the changes of one row within one second. A row's changes
+come with non-decreasing ``ts`` but in one case: ``ts`` is when a change's
+statement started, and a statement that started before the row's previous
+change, then waited for its lock, is stamped earlier; such a pair (a statement
+that ran across a second boundary) applies in ``ts`` order. The sequence comes
+from the most exact order a record carries:
 
 ==================  ====================================  =================================
 the record has      sequence (a non-negative long)        order within one second
@@ -36,8 +39,8 @@ the record has      sequence (a non-negative long)        order within one secon
 ``position``        ``2^62 + N × 2^32 + OFFSET``, from    the binlog's order: exact (a
                     ``FILE.N:OFFSET``                     binlog rows event changes a row
                                                           at most once)
-``xid``, no         ``xid × 2^20 + xoffset``; a last      exact within a transaction with
-``position``        row without ``xoffset``: 2^20 − 1;    ``output_xoffset`` (without it,
+``xid`` only        ``xid × 2^20 + xoffset``; a last      exact within a transaction with
+                    row without ``xoffset``: 2^20 − 1;    ``output_xoffset`` (without it,
                     others without it: 0                  only its last row is placed);
                                                           between transactions, ``xid``
                                                           order, which follows the
