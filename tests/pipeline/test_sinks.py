@@ -128,3 +128,19 @@ def test_make_sink_names_the_problem(spark: Any, tmp_path: Path) -> None:
         SqliteSink("sqlite:///x.db")
     with pytest.raises(SinkError, match="not staged"):
         ParquetSink(str(tmp_path / "o")).commit(7)
+
+
+def test_descriptions_hold_no_password(spark: Any, tmp_path: Path) -> None:
+    """describe() (printed at the stream's start and in its summary) redacts secrets;
+    a password in a PostgreSQL URL leaves the URL for the connection properties."""
+    sqlite = SqliteSink(f"jdbc:sqlite:{tmp_path / 'o.db'}?password=pw1")
+    assert sqlite.describe() == f"sqlite:jdbc:sqlite:{tmp_path / 'o.db'}?password=***"
+    url = "jdbc:postgresql://127.0.0.1:5432/db?user=u&password=pw2&sslpassword=pw3"
+    sink = PostgresSink(url, spark)
+    assert sink.url == "jdbc:postgresql://127.0.0.1:5432/db?user=u"
+    assert sink.describe() == (
+        "postgresql:jdbc:postgresql://127.0.0.1:5432/db?user=u (user u, password from the URL)"
+    )
+    with pytest.raises(SinkError) as bad:
+        PostgresSink("postgres://u:pw4@host/db", spark)
+    assert "pw4" not in str(bad.value)

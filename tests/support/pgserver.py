@@ -3,11 +3,13 @@
 ``initdb`` refuses to run as root, and CI runs as root: the server then runs as
 ``nobody`` (``setpriv``), in a fresh temporary directory, listening on 127.0.0.1
 only, on a free port, with fsync off. :meth:`ThrowawayPostgres.stop` stops it
-(immediate mode) and removes the directory.
+(immediate mode) and removes the directory. Given a password, the ``postgres``
+role needs it over TCP (``scram-sha-256``); without one, TCP is trusted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -47,8 +49,13 @@ def _free_port() -> int:
 class ThrowawayPostgres:
     """Start a private PostgreSQL server; use as a context manager or call start/stop."""
 
-    def __init__(self) -> None:
-        """Prepare (do not start) a server in a new temporary directory."""
+    def __init__(self, password: str | None = None) -> None:
+        """Prepare (do not start) a server in a new temporary directory.
+
+        With ``password``, TCP connections (the JDBC sinks' and :meth:`psql`'s)
+        authenticate with it by ``scram-sha-256``.
+        """
+        self.password = password
         self.bindir = postgres_bindir()
         self.dir = tempfile.mkdtemp(prefix="tickwheel-pg-")
         self.data = os.path.join(self.dir, "data")
@@ -76,6 +83,19 @@ class ThrowawayPostgres:
                 f"{proc.stderr.strip()[-2000:]}\n{tail}"
             )
 
+    def _auth_options(self) -> list[str]:
+        """initdb's options: trust, or the password (in a file initdb reads) over TCP."""
+        if self.password is None:
+            return ["--auth=trust"]
+        pwfile = os.path.join(self.dir, "pwfile")
+        with open(pwfile, "w", encoding="utf-8") as fh:
+            fh.write(self.password + "\n")
+        if self._as_user:  # initdb runs as nobody: let it read the file
+            nobody = pwd.getpwnam("nobody")
+            os.chown(pwfile, nobody.pw_uid, nobody.pw_gid)
+        os.chmod(pwfile, 0o600)
+        return ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
+
     def start(self) -> ThrowawayPostgres:
         """initdb + pg_ctl start on 127.0.0.1 and a free port; wait until it accepts. ~1 s."""
         os.chmod(self.dir, 0o755)
@@ -96,11 +116,13 @@ class ThrowawayPostgres:
             self.data,
             "-U",
             "postgres",
-            "--auth=trust",
+            *self._auth_options(),
             "-E",
             "UTF8",
             "--no-sync",
         )
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self.dir, "pwfile"))
         self.port = _free_port()
         options = f"-h 127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off -c full_page_writes=off"
         self._run(
@@ -119,8 +141,8 @@ class ThrowawayPostgres:
         self._running = True
         return self
 
-    def psql(self, sql: str) -> str:
-        """Run ``sql`` with psql and return its unaligned output (tests only). O(query)."""
+    def psql(self, sql: str, database: str = "postgres") -> str:
+        """Run ``sql`` in ``database`` with psql; return its unaligned output. O(query)."""
         proc = subprocess.run(
             [
                 os.path.join(self.bindir, "psql"),
@@ -130,6 +152,8 @@ class ThrowawayPostgres:
                 str(self.port),
                 "-U",
                 "postgres",
+                "-d",
+                database,
                 "-At",
                 "-v",
                 "ON_ERROR_STOP=1",
@@ -140,6 +164,7 @@ class ThrowawayPostgres:
             text=True,
             timeout=60,
             check=True,
+            env={**os.environ, **({"PGPASSWORD": self.password} if self.password else {})},
         )
         return proc.stdout
 

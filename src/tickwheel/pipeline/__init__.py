@@ -13,9 +13,10 @@ The package, by role (imports run down this list, never up):
 * :mod:`.rules`: the rules TOML file;
 * :mod:`.core`: :class:`PartitionProcessor`, one partition's purgatory on an
   event-time clock (pure Python; compiled twin ``_loop``);
-* :mod:`.maxwell`: Maxwell's binlog JSON as a form of records;
+* :mod:`.durable`: atomic, durable JSON files;
 * :mod:`.sinks`: Parquet, SQLite and PostgreSQL sinks, idempotent per batch id;
-* :mod:`.spark`: the one step, one module per stage, and the session set-up;
+* :mod:`.spark`: the one step, one module per stage (Maxwell's binlog JSON is a
+  form of records there), and the session set-up;
 * :mod:`.batch`: the batch driver (``tickwheel pipeline run``);
 * :mod:`.stream`: the stream driver (``tickwheel pipeline stream``), its
   micro-batch, checkpoint and file source;

@@ -18,8 +18,33 @@ A rules file is TOML (read with :mod:`tomllib`)::
     cancel = ["cancelled"]       # optional
     timeout = "30m"              # "30m", "45s", "2h", "1d", "250ms" or an int of ms
 
+A rule may also say how MySQL row changes, as Maxwell writes them, become its
+events (read by :mod:`tickwheel.pipeline.spark.maxwell`)::
+
+    [rules.payment.maxwell]
+    database = "shop"
+    table = "orders"
+    primary_key = "id"           # the event key
+    [rules.payment.maxwell.events]
+    created = "insert"           # one pattern, or a list: the first that matches
+    paid = "status: created -> paid"
+
+Event-type patterns (first match in file order wins; a row change no pattern
+matches is not an event of the rule):
+
+* ``insert`` / ``update`` / ``delete`` — any change of that kind;
+* ``bootstrap`` — a row of a Maxwell bootstrap (``bootstrap-insert``): the
+  table's current row, read when the bootstrap ran. No other pattern matches
+  it: a snapshot row is state, not a change;
+* ``KIND: COL = V`` (KIND one of the above) — that kind, where the row's COL is V;
+* ``COL: A -> B`` — an update that changed COL from A to B (``*`` for any A);
+* ``COL = V`` — an insert with COL = V, or an update that set COL to V.
+
+Every event type a ``maxwell`` table maps must be one of its rule's open,
+complete or cancel types.
+
 Every problem is reported as a :class:`RulesError` that names the rule and the
-field at fault.
+field at fault (and the file, from :func:`load_rules`).
 """
 
 from __future__ import annotations
@@ -33,11 +58,15 @@ from typing import Any
 
 __all__ = [
     "InputConfig",
+    "MaxwellError",
+    "MaxwellMapping",
+    "MaxwellSpec",
     "Rule",
     "Rules",
     "RulesError",
     "load_rules",
     "parse_duration",
+    "parse_event_spec",
     "parse_rules",
 ]
 
@@ -51,10 +80,17 @@ FORMATS = ("json", "csv", "parquet")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_KIND_RE = re.compile(r"^(insert|update|delete|bootstrap)(?:\s*:\s*(\w+)\s*=\s*(.+?))?$")
+_TRANSITION_RE = re.compile(r"^(\w+)\s*:\s*(.+?)\s*->\s*(.+?)$")
+_VALUE_RE = re.compile(r"^(\w+)\s*=\s*(.+?)$")
 
 
 class RulesError(ValueError):
     """A rules file, or a rule in it, is invalid; the message says where and why."""
+
+
+class MaxwellError(RulesError):
+    """A rule's ``maxwell`` table, or Maxwell input with these rules, is unusable."""
 
 
 def parse_duration(value: object, what: str = "duration") -> int:
@@ -114,12 +150,99 @@ class Rule:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class MaxwellMapping:
+    """One event type and the row-change pattern that produces it (see the module doc)."""
+
+    event_type: str
+    kind: str | None  # insert/update/delete/bootstrap, or None for any of insert/update
+    column: str | None = None
+    before: str | None = None  # None: no condition; "*": any previous value
+    after: str | None = None
+    transition: bool = False
+
+
+def parse_event_spec(event_type: str, spec: str) -> MaxwellMapping:
+    """Parse one event-type pattern (see the module docstring). O(len(spec))."""
+    text = spec.strip()
+    if m := _KIND_RE.match(text):
+        kind, col, value = m.groups()
+        return MaxwellMapping(event_type, kind, col, None, _unquote(value) if value else None)
+    if m := _TRANSITION_RE.match(text):
+        col, before, after = m.groups()
+        return MaxwellMapping(event_type, None, col, _unquote(before), _unquote(after), True)
+    if m := _VALUE_RE.match(text):
+        col, value = m.groups()
+        return MaxwellMapping(event_type, None, col, None, _unquote(value))
+    raise MaxwellError(
+        f"event type {event_type!r}: cannot read the pattern {spec!r}; use 'insert', "
+        "'bootstrap', 'update: COL = V', 'COL: A -> B', 'COL: * -> B' or 'COL = V'"
+    )
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class MaxwellSpec:
+    """How one rule reads one MySQL table's Maxwell stream: ``[rules.NAME.maxwell]``."""
+
+    rule: str
+    database: str
+    table: str
+    primary_key: str
+    mappings: tuple[MaxwellMapping, ...]
+
+    @property
+    def event_types(self) -> tuple[str, ...]:
+        """The event types the patterns produce, in file order, once each. O(patterns)."""
+        return tuple(dict.fromkeys(m.event_type for m in self.mappings))
+
+    @classmethod
+    def from_mapping(cls, rule: str, raw: object) -> MaxwellSpec:
+        """Validate a rule's ``maxwell`` TOML table. O(number of patterns)."""
+        where = f"[rules.{rule}.maxwell]"
+        if not isinstance(raw, Mapping):
+            raise MaxwellError(f"{where}: expected a table, got {raw!r}")
+        unknown = sorted(set(raw) - {"database", "table", "primary_key", "events"})
+        if unknown:
+            raise MaxwellError(f"{where}: unknown field(s) {unknown}")
+        for name in ("database", "table", "primary_key"):
+            if not isinstance(raw.get(name), str) or not raw[name]:
+                raise MaxwellError(f"{where}.{name}: must be a non-empty string")
+        events = raw.get("events")
+        if not isinstance(events, Mapping) or not events:
+            raise MaxwellError(f"{where}.events: must map event types to patterns")
+        mappings: list[MaxwellMapping] = []
+        for event_type, spec in events.items():
+            specs = [spec] if isinstance(spec, str) else spec
+            if (
+                not isinstance(specs, list)
+                or not specs
+                or not all(isinstance(s, str) for s in specs)
+            ):
+                raise MaxwellError(
+                    f"{where}.events.{event_type}: expected a pattern or a list of patterns"
+                )
+            try:
+                mappings.extend(parse_event_spec(event_type, s) for s in specs)
+            except MaxwellError as exc:
+                raise MaxwellError(f"{where}.events.{event_type}: {exc}") from None
+        return cls(rule, raw["database"], raw["table"], raw["primary_key"], tuple(mappings))
+
+
 @dataclass(frozen=True)
 class Rules:
     """The rules of one job, in file order, with the input configuration."""
 
     rules: tuple[Rule, ...]
     input: InputConfig = field(default_factory=InputConfig)
+    #: The rules' ``[rules.NAME.maxwell]`` tables, in file order (Maxwell input).
+    maxwell: tuple[MaxwellSpec, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -133,6 +256,17 @@ class Rules:
         for rule in self.rules:
             seen.setdefault(rule.key, None)
         return tuple(seen)
+
+    @property
+    def record_fields(self) -> tuple[str, ...]:
+        """The fields a record is read for: id, type, time, sequence, the key fields;
+        each once, in that order. O(rules)."""
+        cfg = self.input
+        names = [cfg.id, cfg.type, cfg.time]
+        if cfg.sequence is not None:
+            names.append(cfg.sequence)
+        names.extend(self.key_fields)
+        return tuple(dict.fromkeys(names))
 
     @property
     def event_types(self) -> tuple[str, ...]:
@@ -211,7 +345,7 @@ def _parse_rule(name: str, table: object, config: InputConfig) -> Rule:
     where = f"rule {name!r}"
     if not isinstance(table, Mapping):
         raise RulesError(f"{where}: expected a table, got {table!r}")
-    known = {"key", "open", "complete", "cancel", "timeout"}
+    known = {"key", "open", "complete", "cancel", "timeout", "maxwell"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise RulesError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
@@ -247,11 +381,27 @@ def parse_rules(data: Mapping[str, Any]) -> Rules:
     if not isinstance(tables, Mapping) or not tables:
         raise RulesError("no rules: add at least one [rules.NAME] table")
     rules = []
+    specs = []
     for name, table in tables.items():
         if not re.match(r"^[A-Za-z0-9_.-]+$", name):
             raise RulesError(f"rule name {name!r}: use letters, digits, _ . -")
-        rules.append(_parse_rule(name, table, config))
-    return Rules(tuple(rules), config)
+        rule = _parse_rule(name, table, config)
+        rules.append(rule)
+        if "maxwell" in table:
+            specs.append(_maxwell_spec(rule, table["maxwell"]))
+    return Rules(tuple(rules), config, tuple(specs))
+
+
+def _maxwell_spec(rule: Rule, table: object) -> MaxwellSpec:
+    """The rule's ``maxwell`` table, whose event types must be the rule's own."""
+    spec = MaxwellSpec.from_mapping(rule.name, table)
+    unused = [t for t in spec.event_types if rule.kind_of(t) is None]
+    if unused:
+        raise MaxwellError(
+            f"[rules.{rule.name}.maxwell].events: {unused} are not among the rule's "
+            f"open, complete or cancel types {[*rule.open, *rule.complete, *rule.cancel]}"
+        )
+    return spec
 
 
 def load_rules(path: str | Path) -> Rules:

@@ -28,6 +28,18 @@ Sinks:
 Spark's JDBC writer cannot create tables in SQLite, and reads SQLite's BIGINT
 back as a decimal; the JDBC sinks therefore create every table themselves from
 the DataFrame's schema and read back with an explicit ``customSchema``.
+
+Credentials (:func:`postgres_credentials`): the PostgreSQL password comes from
+where PostgreSQL users keep it, in libpq's order: the URL (discouraged: a
+command line is visible to every user through ``ps``), ``PGPASSWORD``, then the
+password file (``PGPASSFILE``, else ``~/.pgpass``, read with libpq's rules). The
+user comes from the URL, ``PGUSER`` or the login name; without a URL, the server
+from ``PGHOST``/``PGPORT``/``PGDATABASE``. The password is handed to pgjdbc as
+a connection property (to Spark's JDBC reader and writer as their ``password``
+option, which Spark redacts), never inside a URL, and :meth:`BatchSink.describe`
+and every error message show URLs through :func:`redact_url`. The password file
+is read on the driver: the executors receive the password with the JDBC
+options, so a cluster's workers need no password file of their own.
 """
 
 from __future__ import annotations
@@ -36,11 +48,18 @@ import contextlib
 import glob
 import json
 import os
+import re
 import shutil
 import sqlite3
+import stat
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import unquote
+
+from .durable import fsync_dir, write_json
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,11 +69,16 @@ __all__ = [
     "BATCH_ID",
     "BatchSink",
     "ParquetSink",
+    "PasswordFileWarning",
+    "PostgresCredentials",
     "PostgresSink",
     "SinkError",
     "SqliteSink",
     "jdbc_jars",
     "make_sink",
+    "pgpass_password",
+    "postgres_credentials",
+    "redact_url",
     "spark_jdbc_conf",
 ]
 
@@ -151,24 +175,6 @@ def _with_batch_id(df: DataFrame, batch_id: int) -> DataFrame:
     return df.withColumn(BATCH_ID, F.lit(batch_id).cast("long"))
 
 
-def _atomic_write_json(path: str, payload: Mapping[str, Any]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(payload, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _local_path(path: str) -> str:
     if path.startswith("file://"):
         return path[len("file://") :]
@@ -232,7 +238,7 @@ class ParquetSink:
                 table = future.result()
                 if on_table is not None:
                     on_table(table)
-        _atomic_write_json(
+        write_json(
             os.path.join(staged, "_staged.json"), {"batch_id": batch_id, "tables": sorted(tables)}
         )
 
@@ -254,8 +260,8 @@ class ParquetSink:
             if os.path.exists(final):  # a crash between renames: replace our own copy
                 shutil.rmtree(final)
             os.rename(os.path.join(staged, table), final)
-            _fsync_dir(final_parent)
-        _atomic_write_json(
+            fsync_dir(final_parent)
+        write_json(
             self._marker(batch_id),
             {"batch_id": batch_id, "tables": tables, "committed_at": time.time()},
         )
@@ -330,6 +336,242 @@ def _custom_schema(schema: StructType) -> str:
     return ", ".join(parts)
 
 
+# --------------------------------------------------------------------------- credentials
+
+#: URL parameters whose value is a secret: redacted, and never left in a URL.
+_SECRET_PARAM = re.compile(r"(?i)pass|secret|token")
+_REDACTED = "***"
+_PG_PREFIX = "jdbc:postgresql:"
+
+
+class PasswordFileWarning(UserWarning):
+    """A password file was ignored because it is not safe (libpq's rule)."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its secrets replaced by ``***``. O(len(url)).
+
+    The password of a ``user:password@host`` authority, and the value of every
+    query parameter whose name holds ``pass``, ``secret`` or ``token``
+    (``password``, ``sslpassword``, ...), whatever their case.
+    """
+    head, sep, query = url.partition("?")
+    head = re.sub(r"(//[^/?#@:]*:)[^/?#]*@", rf"\g<1>{_REDACTED}@", head)
+    if not sep:
+        return head
+    params = [
+        f"{name}={_REDACTED}" if _SECRET_PARAM.search(name) else f"{name}{eq}{value}"
+        for name, eq, value in (p.partition("=") for p in query.split("&"))
+    ]
+    return f"{head}?{'&'.join(params)}"
+
+
+@dataclass(frozen=True)
+class PostgresCredentials:
+    """Where and as whom the PostgreSQL sink connects, and with which password.
+
+    ``url`` holds no secret (safe to show); ``properties`` are the secrets the
+    URL held (``password``, ``sslpassword``, ...) plus ``user`` and the
+    resolved ``password``, handed to pgjdbc as connection properties. Their
+    repr is hidden. ``source`` says where the password came from.
+    """
+
+    url: str
+    user: str
+    source: str
+    properties: Mapping[str, str] = field(repr=False)
+
+    def describe(self) -> str:
+        """``URL (user U, password from SOURCE)``, with nothing secret in it. O(len(url))."""
+        return f"{redact_url(self.url)} (user {self.user}, password {self.source})"
+
+
+def postgres_credentials(
+    url: str | None, environ: Mapping[str, str] | None = None
+) -> PostgresCredentials:
+    """Resolve the PostgreSQL sink's URL, user and password as libpq does. O(password file).
+
+    ``url`` is pgjdbc's (``jdbc:postgresql://HOST:PORT/DB?user=U``), or None to
+    build it from ``PGHOST`` (default localhost), ``PGPORT`` (5432) and
+    ``PGDATABASE`` (default: the user). The user: the URL's, else ``PGUSER``,
+    else the login name. The password: the URL's (``password=`` or
+    ``user:password@``), else ``PGPASSWORD`` (if not empty), else the password
+    file's first matching line (:func:`pgpass_password`), else none. The
+    secrets are taken out of the URL. Raises :class:`SinkError` naming the
+    problem, with the URL redacted.
+    """
+    env = os.environ if environ is None else environ
+    if url is None:
+        url = _url_from_environment(env)
+    if not url.startswith(_PG_PREFIX):
+        raise SinkError(
+            "a PostgreSQL sink URL looks like "
+            f"jdbc:postgresql://127.0.0.1:5432/db?user=me, got {redact_url(url)!r}"
+        )
+    base, host, port, database, params = _split_pg_url(url)
+    secrets = {k: v for k, v in params.items() if _SECRET_PARAM.search(k)}
+    user = params.get("user") or env.get("PGUSER") or _login_name()
+    password, source = secrets.pop("password", None), "from the URL"
+    if not password:
+        password, source = env.get("PGPASSWORD") or None, "from PGPASSWORD"
+    if not password:
+        password, path = pgpass_password(host, port, database or user, user, env)
+        source = f"from the password file {path}" if password else "none"
+    properties = {**secrets, "user": user}
+    if password:
+        properties["password"] = password
+    return PostgresCredentials(base, user, source, properties)
+
+
+def _url_from_environment(env: Mapping[str, str]) -> str:
+    if not any(env.get(name) for name in ("PGHOST", "PGPORT", "PGDATABASE")):
+        raise SinkError(
+            "the postgresql sink needs --jdbc-url jdbc:postgresql://HOST:PORT/DB?user=U, "
+            "or PGHOST / PGPORT / PGDATABASE in the environment"
+        )
+    host = env.get("PGHOST") or "localhost"
+    if host.startswith("/"):
+        raise SinkError(f"PGHOST={host} is a socket directory; pgjdbc connects over TCP only")
+    database = env.get("PGDATABASE") or env.get("PGUSER") or _login_name()
+    return f"{_PG_PREFIX}//{host}:{env.get('PGPORT') or 5432}/{database}"
+
+
+def _split_pg_url(url: str) -> tuple[str, str, str, str | None, dict[str, str]]:
+    """(URL without user:password@ or secret parameters, first host, port, database, params).
+
+    pgjdbc's forms: ``jdbc:postgresql:DB``, ``jdbc:postgresql:/``, and
+    ``jdbc:postgresql://HOST[:PORT][,HOST[:PORT]...]/[DB]``, then ``?k=v&...``
+    (values URL-encoded). libpq's ``user:password@`` authority is accepted too.
+    """
+    rest, _, query = url[len(_PG_PREFIX) :].partition("?")
+    params: dict[str, str] = {}
+    kept = []
+    for part in filter(None, query.split("&")):
+        name, _, value = part.partition("=")
+        params[unquote(name)] = unquote(value)
+        if not _SECRET_PARAM.search(unquote(name)):
+            kept.append(part)
+    host, port, database = "localhost", "5432", rest.strip("/") or None
+    if rest.startswith("//"):
+        authority, _, path = rest[2:].partition("/")
+        userinfo, _, hosts = authority.rpartition("@")
+        if userinfo:
+            name, has_password, secret = userinfo.partition(":")
+            params.setdefault("user", unquote(name))
+            if has_password:
+                params.setdefault("password", unquote(secret))
+        host, port = _host_port(hosts.split(",")[0])
+        database = unquote(path) or None
+        rest = f"//{hosts}/{path}"
+    base = _PG_PREFIX + rest + ("?" + "&".join(kept) if kept else "")
+    return base, host, port, database, params
+
+
+def _host_port(text: str) -> tuple[str, str]:
+    if text.startswith("["):  # [IPv6]:port
+        address, _, port = text[1:].partition("]")
+        return address, port.lstrip(":") or "5432"
+    host, _, port = text.partition(":")
+    return host or "localhost", port or "5432"
+
+
+def _login_name() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def pgpass_password(
+    host: str, port: str, database: str, user: str, environ: Mapping[str, str] | None = None
+) -> tuple[str | None, str]:
+    """The password file's password for this connection, as libpq reads it: (password, path).
+
+    The file is ``PGPASSFILE``, else ``~/.pgpass``. Each line is
+    ``hostname:port:database:username:password``; ``#`` starts a comment line;
+    a field of ``*`` matches anything; ``\\:`` and ``\\\\`` are a literal colon
+    and backslash; the first matching line wins, and its password ends at the
+    next unescaped colon. Like libpq, a missing file is no password, and a file
+    that is not a plain file or that its group or others may access at all is
+    ignored with a :class:`PasswordFileWarning`. O(file size).
+    """
+    env = os.environ if environ is None else environ
+    path = env.get("PGPASSFILE") or os.path.join(_home(env), ".pgpass")
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None, path
+    if not stat.S_ISREG(info.st_mode):
+        warnings.warn(f'password file "{path}" is not a plain file', PasswordFileWarning, 2)
+        return None, path
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        warnings.warn(
+            f'password file "{path}" has group or world access; permissions should be '
+            "u=rw (0600) or less: ignored",
+            PasswordFileWarning,
+            2,
+        )
+        return None, path
+    try:
+        with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+            lines = fh.read().split("\n")
+    except OSError:
+        return None, path
+    for line in lines:
+        password = _pgpass_line(line.rstrip("\r"), (host, port, database, user))
+        if password is not None:
+            return password, path
+    return None, path
+
+
+def _home(env: Mapping[str, str]) -> str:
+    home = env.get("HOME")
+    if home:
+        return home
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_dir
+
+
+def _pgpass_line(line: str, wanted: tuple[str, str, str, str]) -> str | None:
+    """The line's password if its four fields match ``wanted`` (libpq's passwordFromFile)."""
+    if not line or line.startswith("#"):
+        return None
+    i = 0
+    for token in wanted:
+        after = _pgpass_field(line, i, token)
+        if after is None:
+            return None
+        i = after
+    out = []
+    while i < len(line) and line[i] != ":":
+        if line[i] == "\\" and i + 1 < len(line):
+            i += 1
+        out.append(line[i])
+        i += 1
+    return "".join(out)
+
+
+def _pgpass_field(line: str, at: int, token: str) -> int | None:
+    """Where the next field starts, if the field at ``at`` matches ``token`` (libpq's
+    pwdfMatchesString: ``*`` alone matches anything, a backslash escapes one character)."""
+    if line.startswith("*:", at):
+        return at + 2
+    matched = 0
+    while at < len(line):
+        escaped = line[at] == "\\"
+        if escaped:
+            at += 1
+            if at == len(line):
+                return None
+        if line[at] == ":" and not escaped and matched == len(token):
+            return at + 1
+        if matched == len(token) or line[at] != token[matched]:
+            return None
+        at += 1
+        matched += 1
+    return None
+
+
 _BATCHES_TABLE = "tickwheel_batches"
 _SCHEMAS_TABLE = "tickwheel_schemas"
 
@@ -362,8 +604,8 @@ class _JdbcSink:
 
     # shared --------------------------------------------------------------------
     def describe(self) -> str:
-        """Return ``<dialect>:<url>``."""
-        return f"{self.name}:{self.url}"
+        """Return ``<dialect>:<url>``, secrets redacted (:func:`redact_url`)."""
+        return f"{self.name}:{redact_url(self.url)}"
 
     def _table(self, table: str) -> str:
         return f"{self.prefix}{table}"
@@ -559,7 +801,9 @@ class SqliteSink(_JdbcSink):
     def __init__(self, url: str, *, prefix: str = "") -> None:
         """Use the SQLite file named by ``url`` (``jdbc:sqlite:PATH``)."""
         if not url.startswith("jdbc:sqlite:"):
-            raise SinkError(f"a SQLite sink URL looks like jdbc:sqlite:/path/out.db, got {url!r}")
+            raise SinkError(
+                f"a SQLite sink URL looks like jdbc:sqlite:/path/out.db, got {redact_url(url)!r}"
+            )
         if _find_jar(_SQLITE_JARS, "libxerial-sqlite-jdbc-java") is None:
             raise SinkError(
                 "the SQLite sink needs Debian's libxerial-sqlite-jdbc-java "
@@ -605,33 +849,42 @@ class SqliteSink(_JdbcSink):
 class PostgresSink(_JdbcSink):
     """PostgreSQL sink: Spark JDBC into staging tables, then ONE transaction per batch.
 
-    The URL is ``jdbc:postgresql://host:port/db?user=...``. The commit opens a
-    JDBC connection in the Spark driver's JVM (pgjdbc from Debian's
-    ``libpostgresql-jdbc-java``), locks the ``tickwheel_batches`` row range,
-    and in one transaction copies the batch's staged rows into the real tables
-    and inserts ``tickwheel_batches(batch_id, committed_at, row_counts)``. The
-    primary key on ``batch_id`` makes a replayed or concurrent commit fail or
-    no-op instead of doubling rows.
+    The URL is ``jdbc:postgresql://host:port/db?user=...``, or None to take the
+    server from ``PGHOST``/``PGPORT``/``PGDATABASE``; the password comes from
+    ``PGPASSWORD`` or the password file (:func:`postgres_credentials`), and goes
+    to pgjdbc as a connection property. The commit opens a JDBC connection in
+    the Spark driver's JVM (pgjdbc from Debian's ``libpostgresql-jdbc-java``),
+    locks the ``tickwheel_batches`` row range, and in one transaction copies
+    the batch's staged rows into the real tables and inserts
+    ``tickwheel_batches(batch_id, committed_at, row_counts)``. The primary key
+    on ``batch_id`` makes a replayed or concurrent commit fail or no-op instead
+    of doubling rows.
     """
 
     name = "postgresql"
     dialect = "postgresql"
     driver_class = "org.postgresql.Driver"
 
-    def __init__(self, url: str, spark: SparkSession, *, prefix: str = "") -> None:
-        """Use the database at ``url``; ``spark`` provides the driver JVM."""
-        if not url.startswith("jdbc:postgresql:"):
-            raise SinkError(
-                "a PostgreSQL sink URL looks like "
-                f"jdbc:postgresql://127.0.0.1:5432/db?user=me, got {url!r}"
-            )
+    def __init__(self, url: str | None, spark: SparkSession, *, prefix: str = "") -> None:
+        """Use the database at ``url`` (secrets taken out of it); ``spark`` provides the JVM."""
+        credentials = postgres_credentials(url)
         if _find_jar(_POSTGRES_JARS, "libpostgresql-jdbc-java") is None:
             raise SinkError(
                 "the PostgreSQL sink needs Debian's libpostgresql-jdbc-java "
                 "(run scripts/system-deps.sh)"
             )
-        super().__init__(url, prefix=prefix)
+        super().__init__(credentials.url, prefix=prefix)
+        self._credentials = credentials
         self._spark = spark
+
+    def describe(self) -> str:
+        """``postgresql:URL (user U, password from SOURCE)``, nothing secret in it."""
+        return f"{self.name}:{self._credentials.describe()}"
+
+    def _jdbc_options(self) -> dict[str, str]:
+        # Spark hands its JDBC options to pgjdbc as connection properties, and
+        # redacts "password" (spark.redaction.regex) wherever it shows them.
+        return {**super()._jdbc_options(), **self._credentials.properties}
 
     def _connection(self) -> Any:
         jvm = self._spark.sparkContext._jvm
@@ -643,9 +896,12 @@ class PostgresSink(_JdbcSink):
                 "pgjdbc is not on the Spark driver's class path: start the SparkSession "
                 "with tickwheel.pipeline.sinks.spark_jdbc_conf()"
             ) from exc
-        conn = driver.connect(self.url, jvm.java.util.Properties())
+        properties = jvm.java.util.Properties()
+        for key, value in self._credentials.properties.items():
+            properties.setProperty(key, value)
+        conn = driver.connect(self.url, properties)
         if conn is None:
-            raise SinkError(f"pgjdbc does not accept the URL {self.url!r}")
+            raise SinkError(f"pgjdbc does not accept the URL {redact_url(self.url)!r}")
         return conn
 
     def _execute(self, statements: Sequence[str], *, transaction: bool) -> None:
@@ -728,8 +984,10 @@ def make_sink(kind: str, output: str, spark: SparkSession, *, url: str | None = 
     """Build the sink named ``kind`` (parquet, sqlite or postgresql). O(1).
 
     ``output`` is the output directory (parquet) and the default home of the
-    SQLite file (``OUT/tickwheel.db``); ``url`` overrides the JDBC URL and is
-    required for PostgreSQL.
+    SQLite file (``OUT/tickwheel.db``); ``url`` overrides the JDBC URL. For
+    PostgreSQL it is required unless ``PGHOST``/``PGPORT``/``PGDATABASE`` say
+    where the server is; the password is best left out of it
+    (:func:`postgres_credentials`).
     """
     if kind == "parquet":
         return ParquetSink(output)
@@ -738,9 +996,5 @@ def make_sink(kind: str, output: str, spark: SparkSession, *, url: str | None = 
             url or f"jdbc:sqlite:{os.path.join(os.path.abspath(output), 'tickwheel.db')}"
         )
     if kind in ("postgresql", "postgres"):
-        if not url:
-            raise SinkError(
-                "the postgresql sink needs --jdbc-url jdbc:postgresql://HOST:PORT/DB?user=U"
-            )
         return PostgresSink(url, spark)
     raise SinkError(f"unknown sink {kind!r}: choose parquet, sqlite or postgresql")

@@ -3,7 +3,8 @@
 Both drivers (:mod:`tickwheel.pipeline.batch` and
 :mod:`tickwheel.pipeline.stream`) call the same stages, in this order:
 
-* :mod:`.records`: records of any form → validated rows (stage 1);
+* :mod:`.records`: records of any form → validated rows (stage 1), with
+  :mod:`.maxwell` for Maxwell's binlog JSON;
 * :mod:`.classify`: classes and deduplication by event id (stage 2);
 * :mod:`.watermark`: the counts, and the watermark (stage 3);
 * :mod:`.fanout`: one row per (event, rule) (stage 4);

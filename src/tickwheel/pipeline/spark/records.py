@@ -10,7 +10,7 @@ A *records* frame comes from any Spark source, in one of three forms:
   read as text (a ``TIMESTAMP``, an instant, as its epoch milliseconds); the raw text
   of a record is the row as JSON. CSV and Parquet files, and tables, give it;
 * ``"maxwell"``: a ``value`` column of Maxwell's binlog JSON, turned into
-  records by :mod:`tickwheel.pipeline.maxwell`.
+  records by :mod:`.maxwell`.
 
 :func:`record_fields_frame` turns each form into one shape (``raw``, ``malformed``,
 ``rejected`` and ``f_<field>``, all text), so :func:`parse_records` validates
@@ -43,9 +43,9 @@ bytes and keeps the exact bytes beside it, in ``raw_bytes``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..rules import Rules, RulesError
+from ..rules import Rules
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -61,7 +61,6 @@ __all__ = [
     "parse_max_future",
     "parse_records",
     "raw_text_columns",
-    "record_fields",
     "record_fields_frame",
     "rejected_records",
 ]
@@ -117,16 +116,6 @@ def raw_text_columns(raw: Column) -> tuple[Column, Column]:
     return F.make_valid_utf8(raw), F.when(~F.is_valid_utf8(raw), raw.cast("binary"))
 
 
-def record_fields(rules: Rules) -> list[str]:
-    """The fields a record is read for: id, type, time, sequence, key fields; no repeats."""
-    cfg = rules.input
-    names = [cfg.id, cfg.type, cfg.time]
-    if cfg.sequence is not None:
-        names.append(cfg.sequence)
-    names.extend(rules.key_fields)
-    return list(dict.fromkeys(names))
-
-
 def _is_text_or_bytes(frame: DataFrame, column: str) -> bool:
     from pyspark.sql import types as T
 
@@ -165,12 +154,7 @@ def input_form(records: DataFrame, rules: Rules, input_format: str | None = None
     return form
 
 
-def record_fields_frame(
-    records: DataFrame,
-    rules: Rules,
-    form: str,
-    maxwell_specs: Sequence[Any] = (),
-) -> DataFrame:
+def record_fields_frame(records: DataFrame, rules: Rules, form: str) -> DataFrame:
     """``records`` of ``form`` as columns ``raw``, ``malformed``, ``rejected``, ``f_<field>``.
 
     ``rejected`` is a reason decided before validation (by the Maxwell
@@ -178,10 +162,9 @@ def record_fields_frame(
     """
     if form == "columns":
         return _from_columns(records, rules)
-    values = records.select(_value_text(records))
     if form == "maxwell":
-        return _from_maxwell(values, rules, maxwell_specs)
-    return _from_json_values(values, rules)
+        return _from_maxwell(records, rules)
+    return _from_json_values(records.select(_value_text(records)), rules)
 
 
 def _value_text(records: DataFrame) -> Column:
@@ -196,7 +179,7 @@ def _from_json_values(values: DataFrame, rules: Rules) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    fields = record_fields(rules)
+    fields = rules.record_fields
     schema = T.StructType(
         [T.StructField(name, T.StringType()) for name in fields]
         + [T.StructField(CORRUPT, T.StringType())]
@@ -240,44 +223,25 @@ def _from_columns(records: DataFrame, rules: Rules) -> DataFrame:
             (_field_text(records, name) if name in present else F.lit(None).cast("string")).alias(
                 f"f_{name}"
             )
-            for name in record_fields(rules)
+            for name in rules.record_fields
         ],
     )
 
 
-def _from_maxwell(values: DataFrame, rules: Rules, specs: Sequence[Any]) -> DataFrame:
+def _from_maxwell(values: DataFrame, rules: Rules) -> DataFrame:
     """Maxwell's binlog JSON → the records it describes, and rows rejected with their reason."""
     from pyspark.sql import functions as F
 
-    from ..maxwell import maxwell_records
+    from .maxwell import maxwell_records
 
-    cfg = rules.input
-    if not specs:
-        raise RulesError("input_format 'maxwell' needs a [rules.NAME.maxwell] table")
-    if len(rules.key_fields) != 1:
-        raise RulesError("input_format 'maxwell' needs one key field for all rules")
-    if cfg.sequence is None:
-        raise RulesError(
-            "input_format 'maxwell' orders events by binlog position; "
-            'set [input].sequence (for example sequence = "seq")'
-        )
-    lines, rejected = maxwell_records(
-        values.where(F.trim("value") != ""),
-        specs,
-        key=rules.key_fields[0],
-        type_field=cfg.type,
-        time_field=cfg.time,
-        id_field=cfg.id,
-        sequence_field=cfg.sequence,
-    )
-    fields = record_fields(rules)
+    records, rejected = maxwell_records(values, rules)
     refused = rejected.select(
         F.col("raw"),
         F.lit(False).alias("malformed"),
         F.col("reason").alias("rejected"),
-        *[F.lit(None).cast("string").alias(f"f_{name}") for name in fields],
+        *[F.lit(None).cast("string").alias(f"f_{name}") for name in rules.record_fields],
     )
-    return _from_json_values(lines, rules).unionByName(refused)
+    return records.unionByName(refused)
 
 
 def rejected_records(
@@ -287,7 +251,7 @@ def rejected_records(
     :func:`record_fields_frame` (a file listed then removed, an unreadable file). O(rows)."""
     if not rows:
         return None
-    fields = record_fields(rules)
+    fields = rules.record_fields
     schema = RECORDS_DDL_PREFIX + "".join(f", `f_{name}` string" for name in fields)
     return spark.createDataFrame(
         [(raw, False, reason, *([None] * len(fields))) for raw, reason in rows], schema

@@ -83,7 +83,6 @@ class StepOptions:
     now_ms: int | None = None  # processing time for the guard; default: the clock now
     input_format: str | None = None  # see .records.FORMS; None: guessed
     carry: bool = False  # keep what the next micro-batch needs (raw text of kept events)
-    maxwell_specs: Sequence[Any] = ()
     refused: Sequence[tuple[str, str]] = ()  # (raw, reason) of records refused before reading
     event_times: Sequence[int] = ()  # more event times seen (the stream's heartbeats)
 
@@ -137,7 +136,7 @@ class DelayedOperations:
 
     # -- stages 1-2 --------------------------------------------------------------
     def _parsed(self, records: DataFrame) -> DataFrame:
-        fields = record_fields_frame(records, self.rules, self.form, self.options.maxwell_specs)
+        fields = record_fields_frame(records, self.rules, self.form)
         refused = rejected_records(self.spark, self.rules, self.options.refused)
         if refused is not None:
             fields = fields.unionByName(refused)

@@ -19,8 +19,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
+
+from ..durable import fsync_dir, read_json, write_json
 
 __all__ = [
     "FAULT_ENV",
@@ -30,8 +32,6 @@ __all__ = [
     "StateStore",
     "StreamError",
     "fault",
-    "read_json",
-    "write_json",
 ]
 
 FAULT_ENV = "TICKWHEEL_FAULT"
@@ -122,31 +122,6 @@ def _wait_gone(pid: int, timeout: float) -> None:
         except OSError:
             return
         time.sleep(0.1)
-
-
-def write_json(path: str, payload: Mapping[str, Any]) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically (temporary file, fsync, rename)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(payload, fh, sort_keys=True, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: str) -> dict[str, Any]:
-    """The JSON object in ``path``."""
-    with open(path, encoding="utf-8") as fh:
-        data: dict[str, Any] = json.load(fh)
-        return data
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StateStore:

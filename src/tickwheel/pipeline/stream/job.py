@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..durable import read_json
 from ..rules import Rules, load_rules
 from ..spark.files import HEARTBEAT_SUFFIX, read_files, read_heartbeats
 from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
@@ -57,7 +58,6 @@ from .checkpoint import (
     StateStore,
     StreamError,
     fault,
-    read_json,
 )
 from .micro_batch import TABLES, MicroBatch, MicroBatchInput
 
@@ -317,24 +317,13 @@ class StreamJob:
 
     def __init__(self, config: StreamConfig, spark: SparkSession | None = None) -> None:
         """Validate the options and take the checkpoint lock (refused if held). O(1)."""
-        from ..maxwell import split_maxwell_tables
-        from ..rules import RulesError, parse_rules
+        from ..rules import RulesError
 
         self.config = config
         try:
-            import tomllib
-
-            with open(config.rules_path, "rb") as fh:
-                doc = tomllib.load(fh)
-        except FileNotFoundError:
-            raise StreamError(f"{config.rules_path}: no such rules file") from None
-        except ValueError as exc:
-            raise StreamError(f"{config.rules_path}: not valid TOML: {exc}") from None
-        clean, self.maxwell_specs = split_maxwell_tables(doc)
-        try:
-            self.rules: Rules = parse_rules(clean)
+            self.rules: Rules = load_rules(config.rules_path)
         except RulesError as exc:
-            raise StreamError(f"{config.rules_path}: {exc}") from None
+            raise StreamError(str(exc)) from None
         self.input_format = self._input_format()
         parse_trigger(config.trigger)
         if not os.path.isdir(config.input):
@@ -347,22 +336,22 @@ class StreamJob:
         self.options: StepOptions | None = None
 
     def _input_format(self) -> str:
+        from ..rules import RulesError
+        from ..spark.maxwell import check_maxwell_rules
+
         fmt = self.config.input_format or self.rules.input.format
         fmt = "json" if fmt == "jsonl" else fmt
-        path = self.config.rules_path
         if fmt not in ("json", "csv", "parquet", "maxwell"):
             raise StreamError(
                 f"--input-format: expected jsonl, csv, parquet or maxwell, got {fmt!r}"
             )
-        if fmt == "maxwell" and not self.maxwell_specs:
-            raise StreamError(f"{path}: --input-format maxwell needs a [rules.NAME.maxwell] table")
-        if fmt == "maxwell" and len(self.rules.key_fields) != 1:
-            raise StreamError(f"{path}: --input-format maxwell needs one key field for all rules")
-        if fmt == "maxwell" and self.rules.input.sequence is None:
-            raise StreamError(
-                f"{path}: --input-format maxwell orders events by binlog position; "
-                'set [input].sequence (for example sequence = "seq")'
-            )
+        if fmt == "maxwell":
+            try:
+                check_maxwell_rules(self.rules)
+            except RulesError as exc:
+                raise StreamError(
+                    f"{self.config.rules_path}: --input-format maxwell: {exc}"
+                ) from None
         return fmt
 
     # -- session ------------------------------------------------------------
@@ -465,7 +454,6 @@ class StreamJob:
             input_format="columns"
             if self.input_format in ("csv", "parquet")
             else self.input_format,
-            maxwell_specs=self.maxwell_specs,
         )
         runner = BatchRunner(self.store, self.sink, self._on_batch, quiet=config.quiet)
         # Spark's own file source orders files by modification time only; this

@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..durable import read_json, write_json
 from ..rules import Rules
 from ..spark.classify import EVENT_STATE_COLUMNS
 from ..spark.outputs import OPS_COLUMNS
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
-from .checkpoint import StateStore, fault, read_json, write_json
+from .checkpoint import StateStore, fault
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -110,7 +111,6 @@ class MicroBatch:
             now_ms=int(self.batch.plan["now_ms"]),
             input_format=self.options.input_format,
             carry=True,
-            maxwell_specs=self.options.maxwell_specs,
             refused=self.batch.refused,
             event_times=self.batch.event_times,
         )
