@@ -437,3 +437,36 @@ def test_bootstrap_sample_end_to_end(spark: Any, tmp_path: Path) -> None:
     assert rows(outs["unmatched"], ["key"]) == []
     assert rows(outs["rejected"], ["reason"]) == []
     assert rows(outs["buffered"], ["event_id"]) == [("shop.orders/6@master.000004:900/created",)]
+
+
+@pytest.mark.spark
+def test_the_batch_step_reads_maxwell_as_the_stream_does(spark: Any, tmp_path: Path) -> None:
+    """``delayed_operations(..., input_format="maxwell")`` and ``pipeline run --input-format
+    maxwell`` give the outcomes the stream gives for the same sample."""
+    from tickwheel._cli import main
+    from tickwheel.pipeline import delayed_operations
+
+    rules = load_rules(RULES)
+    values = spark.read.text(str(SAMPLE))
+    with delayed_operations(values, rules, input_format="maxwell", max_future=None) as ops:
+        batch = sorted(tuple(r) for r in ops.outcomes.select("key", "op_id", "outcome").collect())
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "a.jsonl").write_bytes(SAMPLE.read_bytes())
+    config = StreamConfig(rules_path=str(RULES), input=str(inp), output=str(tmp_path / "out"),
+                          checkpoint=str(tmp_path / "ck"), input_format="maxwell",
+                          max_future_ms=None, quiet=True)  # fmt: skip
+    with StreamJob(config, spark=spark) as job:
+        job.run()
+        assert job.sink is not None
+        outs = read_stream_outputs(spark, job.sink, str(tmp_path / "ck"))
+    assert outs["outcomes"] is not None
+    stream = sorted(tuple(r) for r in outs["outcomes"].select("key", "op_id", "outcome").collect())
+    assert batch == stream and batch
+    code = main(["pipeline", "run", "--rules", str(RULES), "--input", str(inp), "--input-format",
+                 "maxwell", "--output", str(tmp_path / "cli"), "--max-future", "off"])  # fmt: skip
+    assert code == 0
+    import pyarrow.parquet as pq
+
+    cli = pq.read_table(tmp_path / "cli" / "outcomes").to_pydict()
+    assert sorted(zip(cli["key"], cli["op_id"], cli["outcome"], strict=True)) == batch

@@ -64,3 +64,51 @@ def test_local_workers_import_pyspark_from_the_installed_package(spark: Any) -> 
 
     files = set(spark.sparkContext.parallelize(range(4), 2).mapPartitions(where).collect())
     assert files == {pyspark.__file__}  # the driver's, not the copy in pyspark.zip
+
+
+def test_partitions_follow_the_input_size_not_the_cores() -> None:
+    from tickwheel.pipeline.spark.session import PARTITION_INPUT_BYTES, partitions_for
+
+    assert partitions_for(0, 2) == 2
+    assert partitions_for(20 * 2**20, 2) == 2  # a small input: one partition per core
+    assert partitions_for(PARTITION_INPUT_BYTES * 16 + 1, 2) == 17
+    assert partitions_for(1_900 * 2**20, 2) == 30  # 1e7 generated orders
+    assert partitions_for(PARTITION_INPUT_BYTES, 8) == 8
+
+
+def test_driver_memory_is_a_quarter_of_the_machine_within_bounds() -> None:
+    from tickwheel.pipeline.spark.session import default_driver_memory
+
+    assert default_driver_memory(24 * 2**30) == "6144m"
+    assert default_driver_memory(2 * 2**30) == "1024m"  # never below 1 GiB
+    assert default_driver_memory(1024 * 2**30) == "65536m"  # nor above 64 GiB
+    assert default_driver_memory().endswith("m")
+
+
+def test_running_out_of_memory_is_one_line_naming_the_option() -> None:
+    from tickwheel.pipeline.spark.session import memory_failure
+
+    class Py4JJavaError(Exception):
+        pass
+
+    class Py4JNetworkError(Exception):
+        pass
+
+    jvm = Py4JJavaError(
+        "An error occurred while calling o96.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
+        "java.lang.OutOfMemoryError: Java heap space\n\tat java.base/java.util.Arrays..."
+    )
+    assert memory_failure(jvm, "2048m", 2) == (
+        "the Spark JVM ran out of memory (Java heap space) with --driver-memory 2048m: give "
+        "it more, or spread the work over more --partitions (it had 2)"
+    )
+    worker = RuntimeError("PythonException: ... MemoryError")
+    assert memory_failure(worker, "2g", None) == (
+        "a Python worker ran out of memory: spread the work over more --partitions "
+        "(it had the default)"
+    )
+    gone = memory_failure(Py4JNetworkError("Answer from Java side is empty"), "6g", 30)
+    assert gone is not None and "--driver-memory 6g" in gone and "(it had 30)" in gone
+    assert memory_failure(ValueError("bad input"), "2g", 2) is None
+    assert all("\n" not in (memory_failure(e, "1g", 1) or "") for e in (jvm, worker))

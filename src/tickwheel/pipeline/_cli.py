@@ -7,6 +7,7 @@ imported inside the commands, so ``tickwheel --help`` does not start them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -68,65 +69,88 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from .batch import resolve_inputs
     from .rules import RulesError, load_rules
 
     try:
         rules = load_rules(args.rules)
-    except RulesError as exc:
+        files = resolve_inputs(args.input, args.input_format or rules.input.format)
+    except (RulesError, FileNotFoundError) as exc:
         print(f"tickwheel pipeline run: {exc}", file=sys.stderr)
         return 2
-    from .batch import resolve_inputs, run_job
-    from .spark.session import create_session, quick_jit_for
+    from .spark.session import default_driver_memory, memory_failure, partitions_for
 
-    try:
-        files = resolve_inputs(args.input, rules.input.format)
-    except FileNotFoundError as exc:
-        print(f"tickwheel pipeline run: {exc}", file=sys.stderr)
-        return 2
     input_bytes = sum(os.path.getsize(f) for f in files)
-    quick = args.jit == "c1" or (args.jit == "auto" and quick_jit_for(args.master, input_bytes))
-
-    def say(message: str) -> None:
-        print(message, flush=True)
-
-    from .spark.class_archive import startup_note
-
-    started = time.perf_counter()
-    jit = "C1 only" if quick else "C1 and C2"
-    size = f"{input_bytes / 2**20:,.0f} MB"
-    archive, classes = startup_note(args.master)
-    classes = f"; {classes}" if classes else ""
-    say(f"[    0.0s] starting Spark ({args.master}; JIT: {jit}, for {size} of input{classes})")
-    from pyspark.sql import SparkSession
-
-    existing = SparkSession.getActiveSession()
-    spark = create_session(
-        args.master,
-        shuffle_partitions=args.partitions or 4,
-        quick_jit=quick,
-        class_archive=archive,
+    memory = args.driver_memory or default_driver_memory()
+    spark, existing = _start_spark(args, input_bytes, memory)
+    partitions = args.partitions or partitions_for(
+        input_bytes, spark.sparkContext.defaultParallelism
     )
-    say(f"[{time.perf_counter() - started:7.1f}s] Spark {spark.version} is up")
     try:
-        summary = run_job(
-            spark,
-            rules,
-            args.input,
-            args.output,
-            partitions=args.partitions,
-            output_format=args.format,
-            progress=say,
-            max_future_ms=args.max_future,
-        )
+        summary = _run_job(spark, rules, args, partitions)
+    except Exception as exc:
+        hint = memory_failure(exc, memory, partitions)
+        if hint is None:
+            raise
+        print(f"tickwheel pipeline run: {hint}", file=sys.stderr)
+        return 1
     finally:
         if existing is None:
-            spark.stop()
+            with contextlib.suppress(Exception):  # a JVM that died cannot be stopped
+                spark.stop()
     from .report import render_summary
 
     print()
     print(render_summary(summary), end="")
     print(f"\noutputs in {args.output}: outcomes/ unmatched/ rejected/ buffered/ summary.json")
     return 0
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _start_spark(args: argparse.Namespace, input_bytes: int, memory: str) -> tuple[Any, Any]:
+    """(the session ``pipeline run`` uses, the session that was active before it)."""
+    from pyspark.sql import SparkSession
+
+    from .spark.class_archive import startup_note
+    from .spark.session import create_session, quick_jit_for
+
+    quick = args.jit == "c1" or (args.jit == "auto" and quick_jit_for(args.master, input_bytes))
+    started = time.perf_counter()
+    jit = "C1 only" if quick else "C1 and C2"
+    size = f"{input_bytes / 2**20:,.0f} MB"
+    archive, classes = startup_note(args.master)
+    classes = f"; {classes}" if classes else ""
+    _say(f"[    0.0s] starting Spark ({args.master}; JIT: {jit}, driver memory {memory}, "
+         f"for {size} of input{classes})")  # fmt: skip
+    existing = SparkSession.getActiveSession()
+    spark = create_session(
+        args.master,
+        shuffle_partitions=args.partitions or 4,
+        quick_jit=quick,
+        class_archive=archive,
+        driver_memory=memory,
+    )
+    _say(f"[{time.perf_counter() - started:7.1f}s] Spark {spark.version} is up")
+    return spark, existing
+
+
+def _run_job(spark: Any, rules: Any, args: argparse.Namespace, partitions: int) -> Any:
+    from .batch import run_job
+
+    return run_job(
+        spark,
+        rules,
+        args.input,
+        args.output,
+        partitions=partitions,
+        output_format=args.format,
+        progress=_say,
+        max_future_ms=args.max_future,
+        input_format=args.input_format,
+    )
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
@@ -180,9 +204,14 @@ def add_pipeline_parser(subparsers: Any) -> None:
     run.add_argument("--input", required=True, help="input directory, glob or file")
     run.add_argument("--output", required=True, help="output directory")
     run.add_argument("--partitions", type=_int_at_least(1), default=None,
-                     help="key-hash partitions (default: Spark's default parallelism)")  # fmt: skip
+                     help="key-hash partitions (default: one per 64 MB of input, at least "
+                          "Spark's default parallelism)")  # fmt: skip
+    run.add_argument("--driver-memory", help="the Spark driver's heap, as spark-submit takes "
+                     "it ('8g'; default: a quarter of this machine's memory)")  # fmt: skip
     run.add_argument("--master", default="local[2]", help="Spark master URL")
     run.add_argument("--format", choices=("parquet", "csv", "json"), default="parquet")
+    run.add_argument("--input-format", choices=("jsonl", "json", "csv", "parquet", "maxwell"),
+                     help="input format (default: the rules' [input].format)")  # fmt: skip
     run.add_argument("--max-future", type=_max_future, default="1d",
                      help="reject events stamped more than this after now as far_future "
                           "('1d' default, '2h', ms, or 'off')")  # fmt: skip

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -42,7 +43,7 @@ from .spark.outputs import (
     UNMATCHED_COLUMNS,
 )
 from .spark.records import DEFAULT_MAX_FUTURE_MS
-from .spark.session import JOB_SQL_SETTINGS, job_session
+from .spark.session import JOB_SQL_SETTINGS, job_session, partitions_for
 from .spark.step import DelayedOperations, StepOptions
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ __all__ = [
 
 Progress = Callable[[str], None]
 OUTPUT_FORMATS = ("parquet", "csv", "json")
+INPUT_FORMATS = ("json", "csv", "parquet", "maxwell")
 
 
 def resolve_inputs(path: str, fmt: str) -> list[str]:
@@ -67,7 +69,13 @@ def resolve_inputs(path: str, fmt: str) -> list[str]:
 
     Raises FileNotFoundError naming ``path`` when nothing matches.
     """
-    suffixes = {"json": (".json", ".jsonl", ".ndjson"), "csv": (".csv",), "parquet": (".parquet",)}
+    json_lines = (".json", ".jsonl", ".ndjson")
+    suffixes = {
+        "json": json_lines,
+        "maxwell": json_lines,
+        "csv": (".csv",),
+        "parquet": (".parquet",),
+    }
     p = Path(path)
     if p.is_dir():
         files = sorted(
@@ -222,19 +230,26 @@ def _write_outputs(
             future.result()
 
 
+def _input_format(fmt: str) -> str:
+    fmt = "json" if fmt == "jsonl" else fmt
+    if fmt not in INPUT_FORMATS:
+        raise ValueError(f"input format must be one of {', '.join(INPUT_FORMATS)}, got {fmt!r}")
+    return fmt
+
+
 def _check_output_format(output_format: str) -> None:
     if output_format not in OUTPUT_FORMATS:
         raise ValueError(f"output format must be parquet, csv or json, got {output_format!r}")
 
 
 def _records(
-    spark: SparkSession, rules: Rules, files: list[str]
+    spark: SparkSession, files: list[str], input_format: str
 ) -> tuple[DataFrame, list[tuple[str, str]]]:
     """The input files as a records frame (an empty one when none gave any), and the
     files refused before reading."""
     from .spark.frames import empty_frame
 
-    records, refused = read_files(spark, files, rules.input.format)
+    records, refused = read_files(spark, files, input_format)
     if records is None:
         records = empty_frame(spark, "value string")
     return records, refused
@@ -250,14 +265,19 @@ def run_job(
     progress: Progress | None = None,
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS,
     now_ms: int | None = None,
+    input_format: str | None = None,
 ) -> dict[str, Any]:
     """Run the batch pipeline; write the outputs and ``summary.json``; return the summary.
 
-    ``partitions`` is the number of key-hash partitions (default: Spark's default
-    parallelism). ``progress`` receives one line per phase with counts and the
-    elapsed time. ``max_future_ms`` is the far-future guard: a record stamped
-    later than ``now_ms`` (default: the clock at the start) plus it is rejected
-    as ``far_future`` instead of moving the watermark; None turns it off.
+    ``partitions`` is the number of key-hash partitions (default: one per 64 MiB
+    of input, at least Spark's default parallelism:
+    :func:`.spark.session.partitions_for`). ``progress`` receives one line per
+    phase with counts and the elapsed time. ``max_future_ms`` is the
+    far-future guard: a record stamped later than ``now_ms`` (default: the
+    clock at the start) plus it is rejected as ``far_future`` instead of
+    moving the watermark; None turns it off.
+    ``input_format`` (``json``, ``csv``, ``parquet`` or ``maxwell``) overrides
+    the rules' ``[input].format``.
 
     Cost: one Spark job reads, parses and deduplicates (one shuffle by event
     id), keeping the classified records in memory; a second repartitions the
@@ -269,18 +289,22 @@ def run_job(
     phases = _Phases(progress if progress is not None else (lambda _msg: None))
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = resolve_inputs(input_path, rules.input.format)
-    count = partitions if partitions is not None else spark.sparkContext.defaultParallelism
+    fmt = _input_format(input_format or rules.input.format)
+    files = resolve_inputs(input_path, fmt)
+    if partitions is None:
+        input_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+        partitions = partitions_for(input_bytes, spark.sparkContext.defaultParallelism)
+    count = partitions
     spark = job_session(
         spark, {**JOB_SQL_SETTINGS, "spark.sql.shuffle.partitions": str(max(count, 2))}
     )
-    phases.line(f"reading {len(files)} {rules.input.format} file(s) from {input_path}")
-    records, refused = _records(spark, rules, files)
+    phases.line(f"reading {len(files)} {fmt} file(s) from {input_path}")
+    records, refused = _records(spark, files, fmt)
     options = StepOptions(
         partitions=partitions,
         max_future_ms=max_future_ms,
         now_ms=now_ms,
-        input_format="json" if rules.input.format == "json" else "columns",
+        input_format="columns" if fmt in ("csv", "parquet") else fmt,
         refused=refused,
     )
     with (

@@ -23,11 +23,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JOB_SQL_SETTINGS",
+    "PARTITION_INPUT_BYTES",
     "QUICK_JIT_MAX_INPUT_BYTES",
     "QUICK_JIT_OPTIONS",
     "WORKER_DAEMON",
     "create_session",
+    "default_driver_memory",
     "job_session",
+    "memory_failure",
+    "partitions_for",
     "quick_jit_for",
 ]
 
@@ -52,6 +56,62 @@ def quick_jit_for(master: str, input_bytes: int) -> bool:
     return master.startswith("local") and input_bytes <= QUICK_JIT_MAX_INPUT_BYTES
 
 
+#: Input per key partition when the caller gives no partition count.
+PARTITION_INPUT_BYTES = 64 * 2**20
+
+
+def partitions_for(input_bytes: int, parallelism: int) -> int:
+    """Key partitions for ``input_bytes`` of input: one per :data:`PARTITION_INPUT_BYTES`,
+    and at least ``parallelism`` (so every core has a partition). O(1).
+
+    A partition's events go through one Python worker's purgatory, and Spark's
+    sorts and shuffles hold a partition's rows at once: sizing partitions by
+    the input, not by the cores, keeps that memory flat as the input grows
+    (``docs/scaling.md``).
+    """
+    return max(parallelism, 1, -(-input_bytes // PARTITION_INPUT_BYTES))
+
+
+def default_driver_memory(total_bytes: int | None = None) -> str:
+    """The driver JVM's heap when none is set: a quarter of this machine's memory, at least
+    1 GiB and at most 64 GiB, in Spark's notation (``"6144m"``). O(1).
+
+    On a local master the driver JVM is the executor too; the rest of the
+    memory is left to the Python workers, the page cache and the system.
+    """
+    if total_bytes is None:
+        total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    mb = min(max(total_bytes // 4 // 2**20, 1024), 64 * 1024)
+    return f"{mb}m"
+
+
+def memory_failure(exc: BaseException, driver_memory: str, partitions: int | None) -> str | None:
+    """One line for a run that ran out of memory: what ran out and the option that fixes it;
+    None for any other failure. O(len(message)).
+
+    The JVM's ``OutOfMemoryError`` arrives wrapped in a Py4J error with its
+    Java stack; a Python worker's ``MemoryError``, or a worker the kernel
+    killed, in a Spark task failure; a JVM that died of it leaves Py4J unable
+    to connect.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    split = f"spread the work over more --partitions (it had {partitions or 'the default'})"
+    if "java.lang.OutOfMemoryError" in text:
+        detail = text.split("java.lang.OutOfMemoryError", 1)[1].splitlines()[0].strip(": ")
+        return (
+            f"the Spark JVM ran out of memory ({detail or 'OutOfMemoryError'}) with "
+            f"--driver-memory {driver_memory}: give it more, or {split}"
+        )
+    if "MemoryError" in text or "Python worker exited unexpectedly" in text:
+        return f"a Python worker ran out of memory: {split}"
+    if type(exc).__name__ in ("Py4JNetworkError", "ConnectionRefusedError"):
+        return (
+            "the Spark JVM is gone (the kernel may have stopped it for want of memory): "
+            f"give it less than --driver-memory {driver_memory}, or {split}"
+        )
+    return None
+
+
 #: The Python worker daemon of local sessions (see :mod:`.worker_daemon`).
 WORKER_DAEMON = "tickwheel.pipeline.spark.worker_daemon"
 
@@ -63,8 +123,12 @@ def create_session(
     conf: dict[str, str] | None = None,
     quick_jit: bool = False,
     class_archive: str | os.PathLike[str] | None = None,
+    driver_memory: str | None = None,
 ) -> SparkSession:
     """Start (or get) a SparkSession set up for the pipeline.
+
+    ``driver_memory`` is the driver JVM's heap (default:
+    :func:`default_driver_memory`), as ``spark-submit --driver-memory`` takes it.
 
     ``quick_jit`` starts the JVM with C1 only (:data:`QUICK_JIT_OPTIONS`; see
     :func:`quick_jit_for`); ``class_archive`` maps a checked class-data
@@ -105,7 +169,7 @@ def create_session(
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
-        .config("spark.driver.memory", "2g")
+        .config("spark.driver.memory", driver_memory or default_driver_memory())
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
     jvm_options = [QUICK_JIT_OPTIONS] if quick_jit else []

@@ -13,7 +13,12 @@ __all__ = ["add_stream_arguments", "main", "run_stream_command"]
 
 
 def add_stream_arguments(parser: Any) -> None:
-    """Add the options of ``tickwheel pipeline stream`` to an argparse parser. O(1)."""
+    """Add the options of ``tickwheel pipeline stream`` to an argparse parser. O(1).
+
+    No option takes a password: a command line is visible to every user of the
+    machine. The PostgreSQL sink reads it as libpq does (``PGPASSWORD``, the
+    password file), see :func:`tickwheel.pipeline.sinks.postgres_credentials`.
+    """
     parser.add_argument("--rules", required=True, help="rules TOML file")
     parser.add_argument("--input", required=True, help="directory the stream watches for files")
     parser.add_argument("--output", required=True, help="output directory (and SQLite home)")
@@ -26,7 +31,12 @@ def add_stream_arguments(parser: Any) -> None:
     parser.add_argument(
         "--sink", default="parquet", choices=("parquet", "sqlite", "postgresql"), help="sink"
     )
-    parser.add_argument("--jdbc-url", help="JDBC URL for --sink sqlite/postgresql")
+    parser.add_argument(
+        "--jdbc-url",
+        help="JDBC URL for --sink sqlite/postgresql, without a password (ps shows command "
+        "lines): PostgreSQL's comes from PGPASSWORD or the password file (PGPASSFILE, else "
+        "~/.pgpass); without --jdbc-url, PGHOST/PGPORT/PGDATABASE name the server",
+    )
     parser.add_argument(
         "--input-format",
         choices=("jsonl", "json", "csv", "parquet", "maxwell"),
@@ -43,6 +53,11 @@ def add_stream_arguments(parser: Any) -> None:
         "('1d' default, '2h', ms, or 'off')",
     )
     parser.add_argument("--master", help="Spark master URL (default local[2])")
+    parser.add_argument(
+        "--driver-memory",
+        help="the Spark driver's heap, as spark-submit takes it ('8g'; default: a quarter "
+        "of this machine's memory)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -51,6 +66,7 @@ def run_stream_command(args: Any) -> int:
     from ..rules import RulesError
     from ..sinks import SinkError
     from ..spark.records import parse_max_future
+    from ..spark.session import default_driver_memory, memory_failure
 
     try:
         max_future = parse_max_future(args.max_future)
@@ -69,6 +85,7 @@ def run_stream_command(args: Any) -> int:
             max_files_per_trigger=args.max_files_per_trigger,
             max_future_ms=max_future,
             master=args.master,
+            driver_memory=args.driver_memory or default_driver_memory(),
             quiet=args.quiet,
         )
         with StreamJob(config) as job:
@@ -76,6 +93,12 @@ def run_stream_command(args: Any) -> int:
     except (StreamError, RulesError, SinkError) as exc:
         print(f"tickwheel pipeline stream: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        hint = memory_failure(exc, config.driver_memory or "", config.partitions)
+        if hint is None:
+            raise
+        print(f"tickwheel pipeline stream: error: {hint}", file=sys.stderr)
+        return 1
     return 0
 
 

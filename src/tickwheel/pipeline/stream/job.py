@@ -309,6 +309,7 @@ class StreamConfig:
     max_files_per_trigger: int | None = None
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
     master: str | None = None
+    driver_memory: str | None = None  # default: spark.session.default_driver_memory()
     quiet: bool = False
 
 
@@ -375,6 +376,7 @@ class StreamJob:
             shuffle_partitions=self.config.partitions or 4,
             conf=conf,
             class_archive=archive,
+            driver_memory=self.config.driver_memory,
         )
         spark.sparkContext.setLogLevel("ERROR")
         self._spark = spark
