@@ -144,3 +144,25 @@ def test_descriptions_hold_no_password(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(SinkError) as bad:
         PostgresSink("postgres://u:pw4@host/db", spark)
     assert "pw4" not in str(bad.value)
+
+
+def test_tables_known_empty_get_no_write_but_exist(spark: Any, tmp_path: Path) -> None:
+    """``empty`` tables: no Spark job writes them; a database still has the table."""
+    staged: list[str] = []
+    parquet = ParquetSink(str(tmp_path / "pq"))
+    parquet.stage(0, {"outcomes": _frame(spark, 2, "a"), "late": _frame(spark, 0, "x")},
+                  on_table=staged.append, empty={"late"})  # fmt: skip
+    assert sorted(staged) == ["late", "outcomes"]  # the empty one is staged too: nothing
+    assert parquet.commit(0) is True
+    assert parquet.read_table(spark, "late") is None
+    assert parquet.read_table(spark, "outcomes").count() == 2  # type: ignore[union-attr]
+    assert len(jdbc_jars()) == 2, "run scripts/system-deps.sh: the Debian JDBC jars are missing"
+    sqlite = SqliteSink(f"jdbc:sqlite:{tmp_path / 's.db'}")
+    sqlite.stage(0, {"outcomes": _frame(spark, 2, "a"), "late": _frame(spark, 0, "x")},
+                 empty={"late"})  # fmt: skip
+    assert sqlite.commit(0) is True
+    late = sqlite.read_table(spark, "late")
+    assert late is not None and late.count() == 0  # the table exists, with no row
+    parquet.stage(1, {"late": _frame(spark, 0, "x")}, empty={"late"})  # nothing to write
+    assert parquet.commit(1) is True
+    assert parquet.committed_batches() == [0, 1]

@@ -54,7 +54,7 @@ import sqlite3
 import stat
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote
@@ -150,10 +150,13 @@ class BatchSink(Protocol):
         batch_id: int,
         tables: Mapping[str, DataFrame],
         on_table: Callable[[str], None] | None = None,
+        empty: Collection[str] = (),
     ) -> None:
         """Write the batch's rows out of readers' sight, replacing an earlier attempt.
 
         ``on_table(name)`` is called after each table is written (progress, tests).
+        ``empty`` names tables known to have no rows: the sink writes none of
+        them (no Spark job), and still has each table once it has been declared.
         """
 
     def commit(self, batch_id: int) -> bool:
@@ -216,17 +219,23 @@ class ParquetSink:
         batch_id: int,
         tables: Mapping[str, DataFrame],
         on_table: Callable[[str], None] | None = None,
+        empty: Collection[str] = (),
     ) -> None:
         """Write each table under ``_staging/<batch_id>/``, replacing a crashed attempt.
 
         The tables are written by concurrent Spark jobs (one thread each): a
         micro-batch's tables are small, so their fixed per-job costs dominate and
-        overlap. ``on_table`` is called as each one finishes.
+        overlap. ``on_table`` is called as each one finishes. A table in
+        ``empty`` gets no directory for this batch (readers union the batches).
         """
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
         staged = os.path.join(self._staging, str(batch_id))
         shutil.rmtree(staged, ignore_errors=True)
+        for name in empty:  # staged already: nothing to write
+            if on_table is not None:
+                on_table(name)
+        tables = {name: df for name, df in tables.items() if name not in empty}
 
         def write(table: str, df: DataFrame) -> str:
             df.write.mode("overwrite").parquet(os.path.join(staged, table))
@@ -238,6 +247,7 @@ class ParquetSink:
                 table = future.result()
                 if on_table is not None:
                     on_table(table)
+        os.makedirs(staged, exist_ok=True)  # every table may have been empty
         write_json(
             os.path.join(staged, "_staged.json"), {"batch_id": batch_id, "tables": sorted(tables)}
         )
@@ -688,12 +698,20 @@ class _JdbcSink:
         batch_id: int,
         tables: Mapping[str, DataFrame],
         on_table: Callable[[str], None] | None = None,
+        empty: Collection[str] = (),
     ) -> None:
-        """Write the batch's rows into staging tables through Spark's JDBC writer."""
+        """Write the batch's rows into staging tables through Spark's JDBC writer.
+
+        A table in ``empty`` is created when missing, and gets no write job.
+        """
         self._ensure_base()
         self._staged_tables = sorted(tables)
         for table, df in tables.items():
             self._ensure_table(table, df.schema)
+            if table in empty:
+                if on_table is not None:
+                    on_table(table)
+                continue
             stage = self._stage_table(table)
             self._execute(
                 [f"DELETE FROM {_quote(stage)} WHERE {BATCH_ID} = {int(batch_id)}"],

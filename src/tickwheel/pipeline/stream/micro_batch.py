@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +139,13 @@ class MicroBatch:
                 "rejected": step.rejected,
                 "late": step.late,
             }
+            stats = step.stats()
+            rows = {
+                "outcomes": sum(stats.outcomes.values()) - stats.outcomes.get("pending", 0),
+                "unmatched": sum(stats.unmatched.values()),
+                "rejected": counts.rejected_total,
+                "late": counts.late,
+            }
             meta = {
                 "batch_id": self.batch_id,
                 "watermark": step.watermark,
@@ -149,7 +156,9 @@ class MicroBatch:
                 "counts": reported,
                 "warnings": warnings,
             }
-            self.commit(tables, step.next_state(), meta)
+            self.commit(
+                tables, step.next_state(), meta, empty={t for t, n in rows.items() if not n}
+            )
         return {**reported, "watermark": meta["watermark"], "warnings": warnings}
 
     def commit(
@@ -157,11 +166,14 @@ class MicroBatch:
         tables: Mapping[str, DataFrame],
         next_state: Mapping[str, DataFrame],
         meta: Mapping[str, Any],
+        empty: Collection[str] = (),
     ) -> None:
         """Stage the outputs and the next state (their Spark jobs overlap), then commit.
 
         Nothing is visible until both are staged; the rename of the staged
         state is the commit point (see the commit protocol in :mod:`.job`).
+        Tables in ``empty`` are known to have no rows (from the counts): no
+        Spark job writes them.
         """
         from concurrent.futures import ThreadPoolExecutor
 
@@ -175,7 +187,12 @@ class MicroBatch:
                 for name, frame in next_state.items()
             ]
             if not sink.is_committed(batch_id):  # a replay after the sink's commit
-                sink.stage(batch_id, tables, on_table=lambda _name: fault("mid_batch", batch_id))
+                sink.stage(
+                    batch_id,
+                    tables,
+                    on_table=lambda _name: fault("mid_batch", batch_id),
+                    empty=empty,
+                )
             fault("after_outputs", batch_id)
             for future in state_writes:
                 future.result()
