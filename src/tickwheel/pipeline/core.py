@@ -460,7 +460,7 @@ class PartitionProcessor(_PartitionCore):
         state: Iterable[StateRow] | None = None,
         start_ms: int | None = None,
         wheel_size: int = 64,
-        retention_ms: int | None | EllipsisType = ...,
+        retention_ms: int | EllipsisType | None = ...,
     ) -> None:
         self.rules: tuple[Rule, ...] = tuple(rules.rules if isinstance(rules, Rules) else rules)
         if not self.rules:
