@@ -231,7 +231,8 @@ def test_batch_job_applies_the_retention_as_the_reference(
     assert changed and {reasons[e] for e in changed} == {"no_operation"}
     assert "after_expiry" in reasons.values()  # within the retention: still after_expiry
     out = workload["root"] / "out-retention"
-    run_job(spark, rules, str(workload["input"]), str(out), partitions=2)
+    summary = run_job(spark, rules, str(workload["input"]), str(out), partitions=2)
+    assert summary["retention_ms"] == 5 * 60_000
     got = read_outputs(out)
     assert got["outcomes"] == ref.outcomes == keep_all.outcomes
     assert got["unmatched"] == ref.unmatched

@@ -843,6 +843,7 @@ def _summary(
         "rules": [{"name": r.name, "key": r.key, "timeout_ms": r.timeout_ms} for r in rules.rules],
         "partitions": partitions,
         "allowed_lateness_ms": rules.input.allowed_lateness_ms,
+        "retention_ms": rules.input.retention_ms,  # None: off
         "max_future_ms": max_future_ms,
         "far_future_after_ms": future_limit,
         "max_event_time": records.max_time,
