@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # tests/support: the reference of the semantics
 RULES = ROOT / "examples" / "orders.toml"
 TIMEOUT_MS = 1_800_000
 

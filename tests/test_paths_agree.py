@@ -231,7 +231,9 @@ _pipeline_events = st.lists(
     st.tuples(
         st.integers(0, 1),  # rule
         st.sampled_from(["a", "b", "c", "d"]),  # key
-        st.integers(0, 400),  # time step from the previous event
+        # time step from the previous event: often a timeout, so that events
+        # land on deadlines and on the ends of the markers' retention
+        st.one_of(st.integers(0, 400), st.sampled_from([1, 37, 100])),
         st.integers(0, 2),  # kind: open, complete, cancel
     ),
     max_size=60,
@@ -244,6 +246,7 @@ def _run_partition(
     cut: int,
     lateness: int,
     start: int,
+    retention: int | None,
 ) -> list[Any]:
     """Two runs of one partition, the state carried between them; every output of each."""
     core = pkg.pipeline.core
@@ -260,7 +263,7 @@ def _run_partition(
     out: list[Any] = []
     state = None
     for part in (events[:cut], events[cut:]):
-        proc = core.PartitionProcessor(rules, lateness, state=state)
+        proc = core.PartitionProcessor(rules, lateness, state=state, retention_ms=retention)
         watermark = part[-1].time - lateness if part else None
         proc.process(part, watermark)
         proc.finish(watermark)
@@ -291,9 +294,14 @@ def _run_partition(
     cut=st.integers(0, 60),
     lateness=st.sampled_from([0, 50, 300]),
     start=st.integers(0, 10**6),
+    retention=st.sampled_from([None, 0, 1, 37, 100, 500]),
 )
 def test_partition_loops_agree(
-    steps: list[tuple[int, str, int, int]], cut: int, lateness: int, start: int
+    steps: list[tuple[int, str, int, int]],
+    cut: int,
+    lateness: int,
+    start: int,
+    retention: int | None,
 ) -> None:
     import tickwheel.pipeline.core
 
@@ -302,6 +310,6 @@ def test_partition_loops_agree(
     assert PURE_PIPELINE.pipeline.core.PartitionProcessor.__mro__[1].__module__ == (
         "tickwheel.pipeline.core"
     )
-    assert _run_partition(tickwheel, steps, cut, lateness, start) == _run_partition(
-        PURE_PIPELINE, steps, cut, lateness, start
+    assert _run_partition(tickwheel, steps, cut, lateness, start, retention) == _run_partition(
+        PURE_PIPELINE, steps, cut, lateness, start, retention
     )

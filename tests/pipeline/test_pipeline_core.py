@@ -12,8 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.reference import _sort_key, simulate
-from tickwheel.pipeline.core import Event, PartitionProcessor, StateRow, cyclic_gc_paused
-from tickwheel.pipeline.rules import Rule
+from tickwheel.pipeline.core import (
+    Event,
+    PartitionProcessor,
+    StateRow,
+    cyclic_gc_paused,
+    marker_holds,
+)
+from tickwheel.pipeline.rules import DEFAULT_RETENTION_MS, Rule, parse_rules
 
 PAY = Rule("pay", "order", ("created",), ("paid",), ("cancelled",), 100)
 SHIP = Rule("ship", "order", ("packed",), ("shipped",), (), 50)
@@ -26,9 +32,12 @@ def ev(key: str, time: int, kind: int, event_id: str, seq: int = 0, rule: int = 
 
 
 def run(
-    events: list[Event], watermark: int | None = None, rules: tuple[Rule, ...] = (PAY,)
+    events: list[Event],
+    watermark: int | None = None,
+    rules: tuple[Rule, ...] = (PAY,),
+    retention_ms: int | None = DEFAULT_RETENTION_MS,
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], PartitionProcessor]:
-    proc = PartitionProcessor(rules)
+    proc = PartitionProcessor(rules, retention_ms=retention_ms)
     events = sorted(events, key=lambda e: (e.time, e.seq, e.event_id, e.rule))
     proc.process(events, watermark)
     proc.finish(watermark)
@@ -102,6 +111,93 @@ def test_after_expiry_only_when_the_last_resolution_expired() -> None:
     assert [r[5] for r in outcomes] == ["expired", "completed"]
 
 
+# -- retention: how long a key's expiry marker holds ---------------------------------
+
+
+def _late_payments(*times: int) -> list[Event]:
+    """Order o (deadline 100, so a marker at 100) and a payment of its key at each time."""
+    return [ev("k", 0, 0, "o"), *(ev("k", t, 1, f"p{t}") for t in times)]
+
+
+def test_marker_holds_until_its_time_plus_the_retention() -> None:
+    # marker at 100, retention 50: a payment at 149 finds it, one at 150 does not
+    _, unmatched, proc = run(_late_payments(149, 150, 400), 1000, retention_ms=50)
+    assert [(r[2], r[5]) for r in unmatched] == [
+        ("p149", "after_expiry"),
+        ("p150", "no_operation"),
+        ("p400", "no_operation"),
+    ]
+    assert proc.expired_markers() == []
+    assert (marker_holds(100, 50, 149), marker_holds(100, 50, 150)) == (True, False)
+
+
+def test_retention_zero_keeps_no_marker() -> None:
+    _, unmatched, _ = run(_late_payments(100), 1000, retention_ms=0)
+    assert [r[5] for r in unmatched] == ["no_operation"]
+
+
+def test_retention_off_keeps_every_marker() -> None:
+    late = 10 * DEFAULT_RETENTION_MS
+    _, unmatched, proc = run(_late_payments(150, late), late, retention_ms=None)
+    assert [r[5] for r in unmatched] == ["after_expiry", "after_expiry"]
+    assert proc.expired_markers() == [(0, "k", 100)]
+    assert proc.retention_ms is None
+
+
+def test_default_retention_is_seven_days() -> None:
+    assert DEFAULT_RETENTION_MS == 7 * 86_400_000
+    assert PartitionProcessor([PAY]).retention_ms == DEFAULT_RETENTION_MS
+    end = 100 + DEFAULT_RETENTION_MS  # the marker's time plus seven days
+    proc = PartitionProcessor([PAY])
+    proc.process(sorted(_late_payments(end - 1, end), key=lambda e: e.time), end)
+    assert [(r[2], r[5]) for r in proc.take_unmatched()] == [
+        (f"p{end - 1}", "after_expiry"),
+        (f"p{end}", "no_operation"),
+    ]
+    # from a rules file: its [input].retention, default or set
+    doc: dict[str, Any] = {"rules": {"pay": {"open": "a", "complete": "b", "timeout": 100}}}
+    assert PartitionProcessor(parse_rules(doc)).retention_ms == DEFAULT_RETENTION_MS
+    for text, ms in (("off", None), ("2h", 7_200_000)):
+        rules = parse_rules({"input": {"retention": text}, **doc})
+        assert PartitionProcessor(rules).retention_ms == ms
+        assert PartitionProcessor(rules, retention_ms=5).retention_ms == 5  # an explicit one wins
+
+
+def test_marker_leaves_the_exported_state_when_the_clock_reaches_its_end() -> None:
+    proc = PartitionProcessor([PAY], retention_ms=50)
+    proc.process([ev("k", 0, 0, "o")])
+    proc.advance_to(149)
+    assert proc.expired_markers() == [(0, "k", 100)]
+    assert [r.kind for r in proc.export_state()] == ["expired"]
+    proc.advance_to(150)
+    assert proc.expired_markers() == []
+    assert proc.export_state() == []
+
+
+@pytest.mark.parametrize("retention", [None, 0, 30, 120])
+@pytest.mark.parametrize("split", [0, 99, 100, 129, 130, 135, 200, 240])
+def test_a_split_run_drops_what_one_run_ignores(retention: int | None, split: int) -> None:
+    """Dropping markers at a split changes no row: later events could not find them."""
+    events = sorted(
+        [*_late_payments(129, 130, 231), ev("j", 30, 0, "o2"), ev("j", 135, 2, "c2")],
+        key=lambda e: (e.time, e.seq, e.event_id),
+    )
+    whole_out, whole_unmatched, _ = run(events, 240, retention_ms=retention)
+    first = PartitionProcessor([PAY], retention_ms=retention)
+    first.process(events, split)
+    first.finish(split)
+    rows_out, rows_un = first.outcome_rows(), first.unmatched_rows()
+    second = PartitionProcessor(
+        [PAY], state=first.export_state(), start_ms=split, retention_ms=retention
+    )
+    second.process(second.take_buffered(), 240)
+    second.finish(240)
+    outcomes = [tuple(r) for r in rows_out + second.outcome_rows() + second.pending_rows()]
+    unmatched = [tuple(r) for r in rows_un + second.unmatched_rows()]
+    assert sorted(outcomes, key=_sort_key) == whole_out
+    assert sorted(unmatched, key=_sort_key) == whole_unmatched
+
+
 def test_watermark_buffers_later_events_and_leaves_pending() -> None:
     events = [ev("a", 0, 0, "o1"), ev("b", 50, 0, "o2"), ev("b", 120, 1, "p")]
     outcomes, unmatched, proc = run(events, watermark=110)
@@ -133,6 +229,9 @@ def test_bad_construction() -> None:
         PartitionProcessor([PAY], allowed_lateness_ms=-1)
     with pytest.raises(ValueError, match="names rule 'nope'"):
         PartitionProcessor([PAY], state=[StateRow("pending", "nope", "k", "o", 0, 10, None, None)])
+    for bad in (-1, 1.5, "7d", True):
+        with pytest.raises(ValueError, match="retention_ms"):
+            PartitionProcessor([PAY], retention_ms=bad)  # type: ignore[arg-type]
 
 
 def test_finish_uses_max_event_time_minus_lateness() -> None:
@@ -192,8 +291,14 @@ EVENT = st.tuples(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(EVENT, max_size=40), st.integers(0, 450))
-def test_processor_matches_the_reference(raw: list[tuple[Any, ...]], watermark: int) -> None:
+@given(
+    st.lists(EVENT, max_size=40),
+    st.integers(0, 450),
+    st.sampled_from([None, 0, 1, 60, 150, DEFAULT_RETENTION_MS]),
+)
+def test_processor_matches_the_reference(
+    raw: list[tuple[Any, ...]], watermark: int, retention: int | None
+) -> None:
     rules = (PAY, SHIP)
     events = []
     for i, (key, time, kind, seq, rule) in enumerate(raw):
@@ -204,8 +309,9 @@ def test_processor_matches_the_reference(raw: list[tuple[Any, ...]], watermark: 
         streams[(rules[e.rule].name, e.key)].append(
             (e.time, e.seq, e.event_id, e.event_type, e.kind)
         )
-    ref_out, ref_unmatched, ref_buffered = simulate(streams, {"pay": 100, "ship": 50}, watermark)
-    outcomes, unmatched, proc = run(events, watermark, rules)
+    timeouts = {"pay": 100, "ship": 50}
+    ref_out, ref_unmatched, ref_buffered = simulate(streams, timeouts, watermark, retention)
+    outcomes, unmatched, proc = run(events, watermark, rules, retention)
     assert outcomes == sorted(ref_out, key=_sort_key)
     assert unmatched == sorted(ref_unmatched, key=_sort_key)
     buffered = [

@@ -100,3 +100,25 @@ def test_several_rules_and_key_fields() -> None:
     assert rules.event_types == ("created", "packed", "paid", "shipped")
     assert rules.input.allowed_lateness_ms == 300_000
     assert rules.timeouts_ms == (1_800_000, 3_600_000)
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [
+        (None, 7 * 86_400_000),
+        ("off", None),
+        ("Off", None),
+        ("10m", 600_000),
+        (0, 0),
+        ("2d", 172_800_000),
+    ],
+)
+def test_retention(value: object, ms: int | None) -> None:
+    doc = _rules() | ({} if value is None else {"input": {"retention": value}})
+    assert parse_rules(doc).input.retention_ms == ms
+
+
+@pytest.mark.parametrize("bad", ["forever", "of", "-1d", "1.5h", -5, True, False, 2.5, ""])
+def test_bad_retention_is_named(bad: object) -> None:
+    with pytest.raises(RulesError, match=r"\[input\]\.retention: .*or 'off'"):
+        parse_rules({"input": {"retention": bad}, **_rules()})

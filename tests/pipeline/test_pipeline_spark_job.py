@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -214,3 +215,25 @@ def test_csv_and_parquet_input(spark: SparkSession, tmp_path: Path, fmt: str) ->
 def test_sessions_skip_pyspark_call_site_capture(spark: SparkSession) -> None:
     """create_session turns off the per-call DataFrame debugging (see its docstring)."""
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+
+
+def test_batch_job_applies_the_retention_as_the_reference(
+    spark: SparkSession, workload: dict[str, Any]
+) -> None:
+    """A short retention: late payments after it are no_operation, in the job and the reference."""
+    rules = dataclasses.replace(
+        workload["rules"],
+        input=dataclasses.replace(workload["rules"].input, retention_ms=5 * 60_000),
+    )
+    ref = run_reference(iter_input_lines(workload["input"]), rules)
+    keep_all = workload["reference"]  # the default retention, 7d: longer than the data
+    reasons = {row[2]: row[5] for row in ref.unmatched}
+    changed = {row[2] for row in keep_all.unmatched if reasons[row[2]] != row[5]}
+    assert changed and {reasons[e] for e in changed} == {"no_operation"}
+    assert "after_expiry" in reasons.values()  # within the retention: still after_expiry
+    out = workload["root"] / "out-retention"
+    summary = run_job(spark, rules, str(workload["input"]), str(out), partitions=2)
+    assert summary["retention_ms"] == 5 * 60_000
+    got = read_outputs(out)
+    assert got["outcomes"] == ref.outcomes == keep_all.outcomes
+    assert got["unmatched"] == ref.unmatched

@@ -9,6 +9,7 @@ one processor gives over all the events.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -115,9 +116,16 @@ def _as_state(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def _with_retention(rules: Rules, retention_ms: int | None) -> Rules:
+    return dataclasses.replace(
+        rules, input=dataclasses.replace(rules.input, retention_ms=retention_ms)
+    )
+
+
+@pytest.mark.parametrize("retention", [None, 150])
 @pytest.mark.parametrize(("seed", "keys"), [(s, k) for s in range(6) for k in (12, 40)])
 def test_increments_give_what_one_processor_gives(
-    rules: Rules, seed: int, keys: int, monkeypatch: pytest.MonkeyPatch
+    rules: Rules, seed: int, keys: int, retention: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Three increments: with 40 keys most keys have no event in an increment,
     # so their state is carried around the processor (counted by the spy).
@@ -130,6 +138,7 @@ def test_increments_give_what_one_processor_gives(
         return mask
 
     monkeypatch.setattr(stream, "_untouched_state", spy)
+    rules = _with_retention(rules, retention)  # 150 ms: markers end an increment or two later
     events = _events(rules, seed, 120, keys)
     bounds = [130, 260, 400]
     rows: list[dict[str, Any]] = []
@@ -181,6 +190,13 @@ def test_increments_give_what_one_processor_gives(
     assert unmatched == expected_unmatched
     assert next_state == expected_state
     assert any(s["state_kind"] == "expired" for s in state)  # the markers are exercised
+    if retention is not None:  # only the markers that hold at the last watermark are left
+        markers = [s["time"] for s in state if s["state_kind"] == "expired"]
+        assert all(time + retention > bounds[-1] for time in markers)
+        keep_all = PartitionProcessor(rules, retention_ms=None)
+        keep_all.process(events, bounds[-1])
+        keep_all.finish(bounds[-1])
+        assert len(keep_all.expired_markers()) > len(markers)  # some were dropped
 
 
 def _state_row(kind: str, rule: str, key: str, time: int, **extra: Any) -> dict[str, Any]:
@@ -220,6 +236,25 @@ def test_state_of_untouched_keys_is_carried_unchanged(rules: Rules) -> None:
         ("unmatched", "payment", "busy", "p1", 210, None),
     ]
     assert [r["reason"] for r in out if r["kind"] == "unmatched"] == ["after_expiry"]
+
+
+def test_markers_whose_retention_ended_are_dropped_not_carried(rules: Rules) -> None:
+    rules = _with_retention(rules, 100)
+    state = [
+        _state_row("expired", "payment", "old", 120),  # 120 + 100 <= 220: dropped
+        _state_row("expired", "payment", "young", 121),  # 121 + 100 > 220: carried
+        _state_row("expired", "shipping", "old", 100),
+        _state_row("pending", "payment", "far", 150, event_id="o1", deadline=250),
+    ]
+    no_events = pa.Table.from_batches([_batch([])])
+    mask = stream._untouched_state(rules, no_events, pa.Table.from_pylist(state), 220)
+    assert mask.to_pylist() == [False, True, False, True]
+    out = _run(rules, list(state), 200, 220)
+    got = sorted((r["kind"], r["rule"], r["key"], r["time"]) for r in out)
+    assert got == [("expired", "payment", "young", 121), ("pending", "payment", "far", 150)]
+    # with retention off, every marker is carried as it is
+    out = _run(_with_retention(rules, None), list(state), 200, 220)
+    assert sorted(r["key"] for r in out) == ["far", "old", "old", "young"]
 
 
 def test_bad_state_is_refused_not_carried(rules: Rules) -> None:

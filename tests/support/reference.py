@@ -19,8 +19,9 @@ The semantics (see ``docs/pipeline.md``):
    operation still pending at its deadline expires, before any event stamped at
    the deadline is applied;
 5. a complete or cancel event that finds nothing pending is unmatched:
-   ``after_expiry`` when the key's last resolved operation expired, else
-   ``no_operation``;
+   ``after_expiry`` when the key's last resolved operation expired, at a time
+   ``e`` with ``event time < e + retention`` (``[input].retention``; any time
+   with retention off), else ``no_operation``;
 6. the watermark is the largest kept event time minus the allowed lateness;
    events above it are buffered (not applied), operations due at or before it
    are final, the others are ``pending``.
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tickwheel.pipeline.rules import Rules
+from tickwheel.pipeline.rules import DEFAULT_RETENTION_MS, Rules
 
 __all__ = ["ReferenceResult", "iter_input_lines", "run_reference"]
 
@@ -210,7 +211,9 @@ def run_reference(
             counts["ignored"] += 1
     timeouts = {rule.name: rule.timeout_ms for rule in rules.rules}
     if watermark is not None:
-        outcomes, unmatched, buffered = simulate(streams, timeouts, watermark)
+        outcomes, unmatched, buffered = simulate(
+            streams, timeouts, watermark, retention_ms=cfg.retention_ms
+        )
         result.outcomes.extend(outcomes)
         result.unmatched.extend(unmatched)
         result.buffered.extend(buffered)
@@ -235,10 +238,12 @@ def simulate(
     streams: dict[tuple[str, str], list[tuple[int, int, str, str, int]]],
     timeouts: dict[str, int],
     watermark: int,
+    retention_ms: int | None = DEFAULT_RETENTION_MS,
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Semantics 3 to 6 for each (rule, key) stream of ``(time, seq, id, type, kind)`` events.
 
-    Returns (outcomes, unmatched, buffered) rows, unsorted. O(events × pending).
+    ``retention_ms`` None is retention off. Returns (outcomes, unmatched,
+    buffered) rows, unsorted. O(events × pending).
     """
     outcomes: list[tuple[Any, ...]] = []
     unmatched: list[tuple[Any, ...]] = []
@@ -246,7 +251,7 @@ def simulate(
     for (rule_name, key), stream in streams.items():
         timeout = timeouts[rule_name]
         pending: list[tuple[str, int, int]] = []  # op_id, opened_at, deadline
-        last_expired = False
+        last_expired: int | None = None  # when the last resolved operation expired
         for time, seq, event_id, event_type, kind in [*sorted(stream), (None, 0, "", "", -1)]:
             now = watermark if time is None or time > watermark else time
             # operations due at or before now expire first, with resolved_at = deadline
@@ -265,7 +270,7 @@ def simulate(
                             None,
                         )
                     )
-                    last_expired = True
+                    last_expired = deadline
             pending = [op for op in pending if op[2] > now]
             if time is None:
                 break
@@ -290,9 +295,12 @@ def simulate(
                         )
                     )
                 pending = []
-                last_expired = False
+                last_expired = None
             else:
-                reason = "after_expiry" if last_expired else "no_operation"
+                held = last_expired is not None and (
+                    retention_ms is None or time < last_expired + retention_ms
+                )
+                reason = "after_expiry" if held else "no_operation"
                 unmatched.append((rule_name, key, event_id, event_type, time, reason))
         for op_id, opened, deadline in pending:
             outcomes.append((rule_name, key, op_id, opened, deadline, "pending", None, None, None))

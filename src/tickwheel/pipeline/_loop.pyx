@@ -59,6 +59,7 @@ cdef class PartitionCore:
 
     # Set by PartitionProcessor.__init__.
     cdef public tuple _timeouts
+    cdef public object _retention_ms  # None (off) or an int of ms
     cdef public bint _single
     cdef public int _wheel_size
     cdef public object _lock
@@ -148,9 +149,13 @@ cdef class PartitionCore:
         wkey = self._wkey_c(rule, key)
         ops = self._watchers.pop(wkey, None)
         if ops is None:
+            marker = self._last_expired.get(wkey)
+            # core.marker_holds, inline: the retention after the key's last expiry
+            held = marker is not None and (
+                self._retention_ms is None or time < (<tuple>marker)[2] + self._retention_ms
+            )
             self._unmatched.append(
-                (rule, key, event_id, event_type, time,
-                 AFTER_EXPIRY if wkey in self._last_expired else NO_OPERATION)
+                (rule, key, event_id, event_type, time, AFTER_EXPIRY if held else NO_OPERATION)
             )
             return 0
         outcome = COMPLETED if kind == 1 else CANCELLED

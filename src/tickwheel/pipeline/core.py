@@ -14,7 +14,9 @@ For each event, in (event time, sequence, event id) order:
    the deadline still completes it);
 2. an ``open`` event opens an operation with ``try_complete_else_watch``;
    a ``complete`` or ``cancel`` event resolves every pending operation of its
-   (rule, key) with ``check_and_complete``; one that finds none is *unmatched*.
+   (rule, key) with ``check_and_complete``; one that finds none is *unmatched*:
+   ``after_expiry`` while the key's expiry marker holds (:func:`marker_holds`:
+   the retention after the key's last operation expired), else ``no_operation``.
 
 The processor's state between runs (pending operations, the keys whose last
 resolved operation expired, the buffered events above the watermark) is
@@ -29,13 +31,14 @@ import gc
 import itertools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from types import EllipsisType
 from typing import TYPE_CHECKING, NamedTuple
 
 from .._accel import speedups
 from .._clock import ManualClock
 from .._purgatory import DelayedOperation, DelayedOperationPurgatory
 from .._timer import SystemTimer
-from .rules import Rule, Rules
+from .rules import DEFAULT_RETENTION_MS, Rule, Rules
 
 __all__ = [
     "AFTER_EXPIRY",
@@ -51,6 +54,7 @@ __all__ = [
     "StateRow",
     "UnmatchedRow",
     "cyclic_gc_paused",
+    "marker_holds",
 ]
 
 COMPLETED = "completed"
@@ -65,6 +69,21 @@ _NO_LIMIT = 1 << 80  # above any event time: no watermark
 STATE_PENDING = "pending"
 STATE_EXPIRED = "expired"
 STATE_BUFFERED = "buffered"
+
+
+def marker_holds(expired_at: int, retention_ms: int | None, time: int) -> bool:
+    """Whether a key's expiry marker of ``expired_at`` still holds for an event at ``time``.
+
+    It holds while ``time < expired_at + retention_ms`` (always, with retention
+    None: off): a complete or cancel then finds it and is ``after_expiry``; from
+    ``expired_at + retention_ms`` on it is gone, as an operation is at its
+    deadline, and the event is ``no_operation``. The rule is on event time
+    alone, so a batch run and any split into micro-batches agree: once the
+    clock (a watermark) reaches ``expired_at + retention_ms``, no event still
+    to be applied can find the marker, and the processor drops it from its
+    exported state. O(1).
+    """
+    return retention_ms is None or time < expired_at + retention_ms
 
 
 @contextlib.contextmanager
@@ -247,6 +266,7 @@ class _PartitionCore:
 
     # Set by PartitionProcessor.__init__ (declared here for the type checker).
     _timeouts: tuple[int, ...]
+    _retention_ms: int | None
     _single: bool
     _wheel_size: int
     _lock: threading.RLock
@@ -360,7 +380,7 @@ class _PartitionCore:
         """A complete (kind 1) or cancel (kind 2) event: resolve the key's pending operations.
 
         One that finds none is an unmatched row, ``after_expiry`` when the key's
-        last operation expired.
+        last operation expired and its marker still holds (:func:`marker_holds`).
         """
         assert self._purgatory is not None
         wkey = self._wkey(rule, key)
@@ -370,7 +390,9 @@ class _PartitionCore:
         finally:
             self._resolving = None
         if not done:
-            reason = AFTER_EXPIRY if wkey in self._last_expired else NO_OPERATION
+            marker = self._last_expired.get(wkey)
+            held = marker is not None and marker_holds(marker[2], self._retention_ms, time)
+            reason = AFTER_EXPIRY if held else NO_OPERATION
             self._unmatched.append((rule, key, event_id, event_type, time, reason))
 
     def _buffer(self, events: list[Event | tuple[int, str, int, int, str, int, str]]) -> None:
@@ -424,7 +446,10 @@ class PartitionProcessor(_PartitionCore):
     :class:`Rule`; events name their rule by index into it. ``state`` rows (from
     :meth:`export_state`) restore pending operations, expiries and buffered
     events; ``start_ms`` is where the clock starts (default: the first event's
-    time, or the earliest restored time). Each event costs O(1) amortised plus
+    time, or the earliest restored time). ``retention_ms`` is how long a key's
+    expiry marker holds (see :func:`marker_holds`; None: for ever); by default
+    the ``[input].retention`` of ``rules`` when it is a :class:`Rules`, else
+    ``DEFAULT_RETENTION_MS`` (seven days). Each event costs O(1) amortised plus
     the operations it resolves.
     """
 
@@ -435,6 +460,7 @@ class PartitionProcessor(_PartitionCore):
         state: Iterable[StateRow] | None = None,
         start_ms: int | None = None,
         wheel_size: int = 64,
+        retention_ms: int | EllipsisType | None = ...,
     ) -> None:
         self.rules: tuple[Rule, ...] = tuple(rules.rules if isinstance(rules, Rules) else rules)
         if not self.rules:
@@ -443,7 +469,14 @@ class PartitionProcessor(_PartitionCore):
             raise ValueError(
                 f"allowed_lateness_ms must be an int >= 0, got {allowed_lateness_ms!r}"
             )
+        if retention_ms is ...:
+            retention_ms = (
+                rules.input.retention_ms if isinstance(rules, Rules) else DEFAULT_RETENTION_MS
+            )
+        if retention_ms is not None and (type(retention_ms) is not int or retention_ms < 0):
+            raise ValueError(f"retention_ms must be an int >= 0 or None, got {retention_ms!r}")
         self.allowed_lateness_ms = allowed_lateness_ms
+        self._retention_ms = retention_ms
         self._names = tuple(rule.name for rule in self.rules)
         self._rule_index = {name: i for i, name in enumerate(self._names)}
         self._timeouts = tuple(rule.timeout_ms for rule in self.rules)
@@ -570,16 +603,32 @@ class PartitionProcessor(_PartitionCore):
             for r, k, ev, ty, t, why in self.take_unmatched()
         ]
 
-    def expired_markers(self) -> list[tuple[int, str, int]]:
-        """``(rule index, key, expired_at)`` of each key's last expiry, sorted. O(n log n).
+    @property
+    def retention_ms(self) -> int | None:
+        """How long a key's expiry marker holds after its time; None: for ever. O(1)."""
+        return self._retention_ms
 
-        A key keeps its marker until a later operation of it resolves otherwise;
-        the marker is what gives a late ``complete`` the reason ``after_expiry``.
+    def expired_markers(self) -> list[tuple[int, str, int]]:
+        """``(rule index, key, expired_at)`` of each key's last expiry that holds, sorted.
+
+        A key keeps its marker until a later operation of it resolves otherwise,
+        or until the clock reaches ``expired_at + retention_ms``: no event still
+        to come can find it then (:func:`marker_holds`), so it is not exported.
+        The marker is what gives a late ``complete`` the reason ``after_expiry``.
+        O(n log n).
         """
-        return sorted(self._last_expired.values())
+        now, retention = self.now_ms, self._retention_ms
+        return sorted(
+            marker
+            for marker in self._last_expired.values()
+            if now is None or marker_holds(marker[2], retention, now)
+        )
 
     def export_state(self) -> list[StateRow]:
-        """The carried state as plain rows: pending ops, expiries, buffered events. O(n log n)."""
+        """The carried state as plain rows: pending ops, expiries that hold, buffered events.
+
+        O(n log n).
+        """
         names = self._names
         rows = [
             StateRow(STATE_PENDING, names[r], k, op, o, d, None, None)

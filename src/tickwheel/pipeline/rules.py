@@ -10,6 +10,7 @@ A rules file is TOML (read with :mod:`tomllib`)::
     sequence = "seq"             # optional tie-breaker at equal times
     format = "json"              # json (JSON Lines), csv or parquet
     allowed_lateness = "0"       # the watermark is max event time minus this
+    retention = "7d"             # how long a key's last expiry is kept; "off": for ever
 
     [rules.payment]
     key = "order_id"             # optional: defaults to [input].key
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEFAULT_RETENTION_MS",
     "InputConfig",
     "MaxwellError",
     "MaxwellMapping",
@@ -76,6 +78,9 @@ KIND_CANCEL = 2
 KIND_NAMES = ("open", "complete", "cancel")
 
 FORMATS = ("json", "csv", "parquet")
+
+#: ``[input].retention`` when the rules file does not set it: seven days.
+DEFAULT_RETENTION_MS = 7 * 86_400_000
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
@@ -117,7 +122,12 @@ def parse_duration(value: object, what: str = "duration") -> int:
 
 @dataclass(frozen=True)
 class InputConfig:
-    """Field names and format of the input records, and the allowed lateness."""
+    """Field names and format of the input records, the allowed lateness and the retention.
+
+    ``retention_ms`` is how long after its time a key's expiry marker still
+    gives a late complete or cancel the reason ``after_expiry`` (None: for
+    ever); see :func:`tickwheel.pipeline.core.marker_holds`.
+    """
 
     key: str = "key"
     type: str = "type"
@@ -126,6 +136,7 @@ class InputConfig:
     sequence: str | None = None
     format: str = "json"
     allowed_lateness_ms: int = 0
+    retention_ms: int | None = DEFAULT_RETENTION_MS
 
 
 @dataclass(frozen=True)
@@ -309,7 +320,7 @@ def _parse_input(table: object) -> InputConfig:
         return InputConfig()
     if not isinstance(table, Mapping):
         raise RulesError(f"[input]: expected a table, got {table!r}")
-    known = {"key", "type", "time", "id", "sequence", "format", "allowed_lateness"}
+    known = {"key", "type", "time", "id", "sequence", "format", "allowed_lateness", "retention"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise RulesError(f"[input]: unknown setting(s) {unknown}; known: {sorted(known)}")
@@ -338,7 +349,18 @@ def _parse_input(table: object) -> InputConfig:
         sequence=sequence,
         format=fmt,
         allowed_lateness_ms=lateness,
+        retention_ms=_retention(table.get("retention", DEFAULT_RETENTION_MS)),
     )
+
+
+def _retention(value: object) -> int | None:
+    """``[input].retention``: a duration (0 keeps no marker), or ``"off"`` (None: keep all)."""
+    if isinstance(value, str) and value.strip().lower() == "off":  # as --max-future off
+        return None
+    try:
+        return parse_duration(value, "[input].retention")
+    except RulesError as exc:
+        raise RulesError(f"{exc}, or 'off' to keep every expiry marker") from None
 
 
 def _parse_rule(name: str, table: object, config: InputConfig) -> Rule:

@@ -131,7 +131,8 @@ def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -
     ``watermark_ms``, and it is an expiry marker or a pending operation whose
     deadline is after the watermark. Keys are matched per rule, so no
     (rule, key) encoding can collide. A row with a null where a value is needed
-    is not untouched: the processor rejects it with a clear error.
+    is not untouched: the processor rejects it with a clear error. Nor is a
+    marker whose retention ends by the watermark: the processor drops it.
     """
     import pyarrow as pa
     import pyarrow.compute as pc  # type: ignore[import-untyped]
@@ -139,8 +140,13 @@ def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -
     kind = state["state_kind"]
     pending = pc.equal(kind, STATE_PENDING)
     due = pc.and_kleene(pending, pc.less_equal(state["deadline"], watermark_ms))
+    marker = pc.equal(kind, STATE_EXPIRED)
+    if rules.input.retention_ms is not None:  # core.marker_holds at the watermark
+        marker = pc.and_kleene(
+            marker, pc.greater(state["time"], watermark_ms - rules.input.retention_ms)
+        )
     carriable = pc.or_kleene(
-        pc.equal(kind, STATE_EXPIRED),
+        marker,
         pc.and_kleene(pending, pc.greater(state["deadline"], watermark_ms)),
     )
     touched = None

@@ -297,6 +297,7 @@ class DelayedOperations:
         return {
             "partitions": self.partitions,
             "allowed_lateness_ms": self.rules.input.allowed_lateness_ms,
+            "retention_ms": self.rules.input.retention_ms,  # None: off
             "max_future_ms": self.options.max_future_ms,
             "far_future_after_ms": self.future_limit,
             "max_event_time": self.max_time,
