@@ -50,6 +50,75 @@ def _iso(ms: int, rng: random.Random) -> str:
     return text + suffix
 
 
+class _Records:
+    """The generated records, as (arrival ms, line), and the id and RNG they are made with."""
+
+    def __init__(self, rng: random.Random, shuffle_ms: int) -> None:
+        self.rng = rng
+        self.shuffle_ms = shuffle_ms
+        self.lines: list[tuple[int, str]] = []
+        self.serial = 0
+
+    def emit(self, key: str, kind: str, ms: int, seq: int) -> None:
+        """One event's record, sometimes sent twice, rarely with a conflicting copy."""
+        rng, rand = self.rng, self.rng.random
+        self.serial += 1
+        event_id = f"e{self.serial:09d}"
+        ts = f'"{_iso(ms, rng)}"' if rand() < 0.10 else str(ms)
+        amount = f"{rng.randrange(100, 20_000) / 100:.2f}" if kind != "cancelled" else "0.00"
+        line = (
+            f'{{"event_id":"{event_id}","order_id":"{key}","type":"{kind}",'
+            f'"ts":{ts},"seq":{seq},"amount":{amount}}}'
+        )
+        arrival = ms + int(rand() * self.shuffle_ms)
+        self.lines.append((arrival, line))
+        roll = rand()
+        if roll < 0.05:  # a producer retry: the same record again, a little later
+            self.lines.append((arrival + int(rand() * 5_000), line))
+        elif roll < 0.051:  # a conflicting copy: same id, other time
+            other = line.replace(f'"seq":{seq}', f'"seq":{seq + 7}')
+            self.lines.append((arrival + int(rand() * 5_000), other))
+
+
+def _resolution(records: _Records, key: str, now: int, timeout_ms: int) -> None:
+    """What happens to an order created at ``now``: paid, late, cancelled, or nothing."""
+    emit, rng, rand = records.emit, records.rng, records.rng.random
+    u = rand()
+    if u < 0.60:  # paid, mostly well within the timeout, some after it
+        delay = int(rng.lognormvariate(11.5, 1.0))  # median about 100 s
+        emit(key, "paid", now + max(delay, 1), 1)
+        if rand() < 0.02:  # paid twice: the second finds nothing pending
+            emit(key, "paid", now + max(delay, 1) + 1 + int(rand() * 60_000), 2)
+    elif u < 0.61:  # paid exactly at the deadline: too late, already expired
+        emit(key, "paid", now + timeout_ms, 1)
+    elif u < 0.62:  # one millisecond before the deadline: in time
+        emit(key, "paid", now + timeout_ms - 1, 1)
+    elif u < 0.625:  # paid at the same millisecond as created, after it by sequence
+        emit(key, "paid", now, 1)
+    elif u < 0.63:  # paid at the same millisecond, but ordered before the creation
+        emit(key, "paid", now, -1)
+    elif u < 0.71:  # cancelled by the user before the deadline
+        emit(key, "cancelled", now + 1 + int(rand() * (timeout_ms - 2)), 1)
+    elif u < 0.72:  # cancelled after the auto-cancel
+        emit(key, "cancelled", now + timeout_ms + int(rand() * 600_000), 1)
+    # else: never resolved; it expires (or stays pending near the end)
+
+
+def _write_files(lines: list[tuple[int, str]], out: Path, files: int) -> int:
+    """The lines in arrival order, cut into ``files`` files; the number of files."""
+    lines.sort(key=lambda r: r[0])
+    n_files = max(1, min(files, len(lines))) if lines else files
+    handles = [(out / f"part-{i:05d}.jsonl").open("w", encoding="utf-8") for i in range(n_files)]
+    try:
+        chunk = max(1, -(-len(lines) // n_files))
+        for index, (_, line) in enumerate(lines):
+            handles[min(index // chunk, n_files - 1)].write(line + "\n")
+    finally:
+        for handle in handles:
+            handle.close()
+    return n_files
+
+
 def generate_orders(
     orders: int,
     out_dir: str | Path,
@@ -77,29 +146,7 @@ def generate_orders(
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("part-*.jsonl"):
         old.unlink()
-    records: list[tuple[int, str]] = []  # (arrival ms, line)
-    serial = 0
-
-    def emit(key: str, kind: str, ms: int, seq: int, event_id: str | None = None) -> None:
-        nonlocal serial
-        if event_id is None:
-            serial += 1
-            event_id = f"e{serial:09d}"
-        ts = f'"{_iso(ms, rng)}"' if rand() < 0.10 else str(ms)
-        amount = f"{rng.randrange(100, 20_000) / 100:.2f}" if kind != "cancelled" else "0.00"
-        line = (
-            f'{{"event_id":"{event_id}","order_id":"{key}","type":"{kind}",'
-            f'"ts":{ts},"seq":{seq},"amount":{amount}}}'
-        )
-        arrival = ms + int(rand() * shuffle_ms)
-        records.append((arrival, line))
-        roll = rand()
-        if roll < 0.05:  # a producer retry: the same record again, a little later
-            records.append((arrival + int(rand() * 5_000), line))
-        elif roll < 0.051:  # a conflicting copy: same id, other time
-            other = line.replace(f'"seq":{seq}', f'"seq":{seq + 7}')
-            records.append((arrival + int(rand() * 5_000), other))
-
+    records = _Records(rng, shuffle_ms)
     now = start_ms
     keys: list[str] = []
     for i in range(orders):
@@ -109,43 +156,16 @@ def generate_orders(
         else:
             key = f"o{i:08d}"
             keys.append(key)
-        emit(key, "created", now, 0)
-        u = rand()
-        if u < 0.60:  # paid, mostly well within the timeout, some after it
-            delay = int(rng.lognormvariate(11.5, 1.0))  # median about 100 s
-            emit(key, "paid", now + max(delay, 1), 1)
-            if rand() < 0.02:  # paid twice: the second finds nothing pending
-                emit(key, "paid", now + max(delay, 1) + 1 + int(rand() * 60_000), 2)
-        elif u < 0.61:  # paid exactly at the deadline: too late, already expired
-            emit(key, "paid", now + timeout_ms, 1)
-        elif u < 0.62:  # one millisecond before the deadline: in time
-            emit(key, "paid", now + timeout_ms - 1, 1)
-        elif u < 0.625:  # paid at the same millisecond as created, after it by sequence
-            emit(key, "paid", now, 1)
-        elif u < 0.63:  # paid at the same millisecond, but ordered before the creation
-            emit(key, "paid", now, -1)
-        elif u < 0.71:  # cancelled by the user before the deadline
-            emit(key, "cancelled", now + 1 + int(rand() * (timeout_ms - 2)), 1)
-        elif u < 0.72:  # cancelled after the auto-cancel
-            emit(key, "cancelled", now + timeout_ms + int(rand() * 600_000), 1)
-        # else: never resolved; it expires (or stays pending near the end)
+        records.emit(key, "created", now, 0)
+        _resolution(records, key, now, timeout_ms)
         if rand() < 0.01:  # a payment for an order that does not exist
-            emit(f"x{i:08d}", "paid", now + int(rand() * 60_000), 0)
+            records.emit(f"x{i:08d}", "paid", now + int(rand() * 60_000), 0)
         if rand() < 0.0005:
-            records.append((now, _malformed(rng, i, now)))
-    records.sort(key=lambda r: r[0])
-    n_files = max(1, min(files, len(records))) if records else files
-    handles = [(out / f"part-{i:05d}.jsonl").open("w", encoding="utf-8") for i in range(n_files)]
-    try:
-        chunk = max(1, -(-len(records) // n_files))
-        for index, (_, line) in enumerate(records):
-            handles[min(index // chunk, n_files - 1)].write(line + "\n")
-    finally:
-        for handle in handles:
-            handle.close()
+            records.lines.append((now, _malformed(rng, i, now)))
+    n_files = _write_files(records.lines, out, files)
     return GenerateStats(
         orders=orders,
-        records=len(records),
+        records=len(records.lines),
         files=n_files,
         first_ms=start_ms,
         last_ms=now,
