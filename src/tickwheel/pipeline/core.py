@@ -31,7 +31,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from .._accel import speedups
+from .._accel import compiled
 from .._clock import ManualClock
 from .._purgatory import DelayedOperation, DelayedOperationPurgatory
 from .._timer import SystemTimer
@@ -413,8 +413,8 @@ class _PartitionCore:
             self._purgatory.shutdown()
 
 
-if not TYPE_CHECKING and speedups is not None:
-    from ._loop import PartitionCore as _PartitionCore
+if not TYPE_CHECKING and (_loop := compiled("tickwheel.pipeline._loop")) is not None:
+    _PartitionCore = _loop.PartitionCore
 
 
 class PartitionProcessor(_PartitionCore):
