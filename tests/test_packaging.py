@@ -80,7 +80,9 @@ def _fresh_install(where: Path, wheel: Path) -> Path:
     """A new virtual environment with ``wheel`` installed from the file alone; its bin/."""
     _run(sys.executable, "-m", "venv", "--without-pip", where)
     python = where / "bin" / "python"
-    _run(sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--no-deps", wheel)
+    _run(
+        sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--no-deps", wheel
+    )
     return where / "bin"
 
 
@@ -91,7 +93,9 @@ def _sections(shared_object: bytes) -> Iterator[bytes]:
     shentsize, shnum, shstrndx = (
         int.from_bytes(shared_object[at : at + 2], "little") for at in (0x3A, 0x3C, 0x3E)
     )
-    headers = [shared_object[shoff + i * shentsize : shoff + (i + 1) * shentsize] for i in range(shnum)]
+    headers = [
+        shared_object[shoff + i * shentsize : shoff + (i + 1) * shentsize] for i in range(shnum)
+    ]
     names_at = int.from_bytes(headers[shstrndx][0x18:0x20], "little")
     for header in headers:
         start = names_at + int.from_bytes(header[:4], "little")
