@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tickwheel
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -95,3 +97,20 @@ def test_bench_purgatory_prints_both_paths() -> None:
     assert {"tickwheel", "tickwheel-pure", "heapq-lazy"} <= rows
     assert sum(line.startswith("target at saturation") for line in out.splitlines()) == 2
     assert "lifecycle (watch + mean of the two ends)" in out
+
+
+@pytest.mark.parametrize("workload", ["timer", "purgatory"])
+def test_callgrind_workloads_run_on_the_compiled_core(workload: str) -> None:
+    script = BENCHMARKS / "callgrind_workloads.py"
+    done = subprocess.run(
+        [sys.executable, str(script), workload, "2", "--n", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if tickwheel.COMPILED:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 2
+        assert "the compiled core is not in use" in done.stderr
