@@ -96,9 +96,9 @@ cdef inline double _monotonic_s() noexcept nogil:
     return <double>((<long long>ts.tv_sec) * 1000000000 + ts.tv_nsec) / 1e9
 
 
-# -- the twins, in the pure modules' import order ---------------------------------------
-# Cython reads every declaration of the module before any code, so a twin may call one
-# included after it. RealTimerArm is declared here: AsyncTimerCore (aio.pxi) arms it in C,
+# -- the twins, each after those it builds on ---------------------------------------------
+# Cython reads every declaration of the module before any code, so a twin may also call
+# one included after it (TimerTask.cancel takes the Lock of _timer_core.pxi). RealTimerArm is declared here: AsyncTimerCore (aio.pxi) arms it in C,
 # and it is defined with the loop it serves (_aio_loop.pxi).
 
 cdef class RealTimerArm
