@@ -9,7 +9,7 @@ remainder fire. The same workload, with the same random numbers, runs on:
 * ``tickwheel`` -- ``AsyncTimer().call_later`` on that same kind of loop (the
   compiled core when it is built, ``tickwheel.COMPILED``);
 * ``tickwheel-pure`` -- the same on the pure-Python reference, loaded beside
-  it in this process (``tickwheel._accel.load_pure``);
+  it in this process (``load_pure``, from the tests' support code);
 * ``uvloop``    -- ``loop.call_later`` of uvloop (optional, if installed);
 * ``floor``     -- not a timer but the interpreter's floor for a loop-thread
   wheel whose cancel frees the entry at once (issue 4): ``call_later``
@@ -22,7 +22,7 @@ remainder fire. The same workload, with the same random numbers, runs on:
   is what a timer with no wheel at all would reach. The ``bound`` line adds
   tickwheel's own fire phase to the floor's other phases.
 * ``floor-c``   -- the same least work in C
-  (``tickwheel._speedups.AsyncFloorTimer``, when the core is compiled), with
+  (``_floors.AsyncFloorTimer``, when the core is compiled and the floors built), with
   the same fire phase: the floor under the compiled ``AsyncTimer``.
 
 The asyncio and tickwheel runs use :class:`tickwheel.aio.VirtualClockEventLoop`:
@@ -62,18 +62,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from _support import compiled_floors, load_pure
+
 import tickwheel
-from tickwheel._accel import load_pure
 from tickwheel._aio_virtual import _JumpingSelector
 from tickwheel.aio import AsyncTimer, VirtualClockEventLoop
 
 # The pure-Python reference, loaded beside the installed package (compiled when built).
 PURE = load_pure()
+# The compiled floors (floor-c rows), when built: see benchmarks/setup_floors.py.
+FLOORS = compiled_floors()
 
-if tickwheel.COMPILED:
-    from tickwheel import _speedups  # type: ignore[attr-defined]
-else:
-    _speedups = None
 
 try:
     import uvloop
@@ -192,7 +191,7 @@ def _scheduler(side: str, loop: asyncio.AbstractEventLoop) -> tuple[Callable[...
         floor = FloorTimer(loop)
         return floor.call_later, floor
     if side == "floor-c":
-        floor_c = _speedups.AsyncFloorTimer(loop)
+        floor_c = FLOORS.AsyncFloorTimer(loop)
         return floor_c.call_later, floor_c
     return loop.call_later, None
 
@@ -339,7 +338,7 @@ _new_drop_in_floor_handle = _DropInFloorHandle.__new__
 
 
 class DropInFloor:
-    """The pure twin of ``tickwheel._speedups.DropInFloor``: not a timer, the least work.
+    """The pure twin of ``_floors.DropInFloor``: not a timer, the least work.
 
     The loop's ``call_later``/``call_at`` (one Python frame each) allocate a slotted
     handle, copy the caller's context, round the deadline up to the ms and link
@@ -455,7 +454,7 @@ class DropInFloorLoop(VirtualClockEventLoop):
     def __init__(self, compiled: bool) -> None:
         self._virtual_time = 10_000.0
         asyncio.SelectorEventLoop.__init__(self, _FloorSelector(self, selectors.DefaultSelector()))
-        floor_type = _speedups.DropInFloor if compiled else DropInFloor
+        floor_type = FLOORS.DropInFloor if compiled else DropInFloor
         self._drop_in_floor = floor_type(self)
         self.untimed_ns = 0
 
@@ -481,8 +480,8 @@ class _PureFloorLoop(DropInFloorLoop):
 
 def _compiled_floor_loop() -> DropInFloorLoop:
     class CompiledFloorLoop(DropInFloorLoop):
-        call_later = _speedups.floor_loop_call_later
-        call_at = _speedups.floor_loop_call_at
+        call_later = FLOORS.floor_loop_call_later
+        call_at = FLOORS.floor_loop_call_at
 
     return CompiledFloorLoop(compiled=True)
 
@@ -546,7 +545,7 @@ def drop_in(n: int, seed: int, repeat: int, floors: bool) -> None:
     w = make_workload(n, seed)
     sides = ["stock", "tickwheel", "tickwheel-pure"]
     if floors:
-        sides += ["floor", "floor-c"] if tickwheel.COMPILED else ["floor"]
+        sides += ["floor", "floor-c"] if FLOORS is not None else ["floor"]
     print()
     print(f"drop-in loop, N = {n:,}: CPU ms (best of {repeat}), ratio to the stock loop")
     print(f"{'path':<28} " + " ".join(f"{side:>16}" for side in sides))
@@ -597,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     sides = ["asyncio", "tickwheel", "tickwheel-pure"]
     if not args.no_floor:
         sides.append("floor")
-        if tickwheel.COMPILED:
+        if FLOORS is not None:
             sides.append("floor-c")
     if args.uvloop:
         if uvloop is None:

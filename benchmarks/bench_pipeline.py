@@ -56,8 +56,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import _support  # noqa: F401 - puts tests/ on the path: the reference of the semantics
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # tests/support: the reference of the semantics
+
 RULES = ROOT / "examples" / "orders.toml"
 TIMEOUT_MS = 1_800_000
 

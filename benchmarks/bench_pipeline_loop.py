@@ -11,7 +11,7 @@ as ``zip(*columns)`` to one ``PartitionProcessor`` with the rule of
 what is left.
 
 It runs on the installed package (the compiled core when it is built) and on
-the pure-Python reference loaded beside it (``tickwheel._accel.load_pure``),
+the pure-Python reference loaded beside it (``load_pure``, from the tests' support code),
 interleaved, ``--repeat`` times each; the best run is shown. Times are CPU
 time of this thread with the cyclic GC paused, as the Spark job runs the loop
 (``cyclic_gc_paused``). ``events/s`` counts input events; the issue's target
@@ -28,10 +28,11 @@ import random
 import time
 from typing import Any
 
+from _support import load_pure
+
 import tickwheel
 import tickwheel.pipeline.core
 import tickwheel.pipeline.rules
-from tickwheel._accel import load_pure
 
 PURE = load_pure("tickwheel.pipeline.core", "tickwheel.pipeline.rules")
 TARGET_EVENTS_PER_S = 1_500_000

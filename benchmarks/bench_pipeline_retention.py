@@ -29,8 +29,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import _support  # noqa: F401 - puts tests/ on the path: the reference of the semantics
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # tests/support: the reference of the semantics
+
 TIMEOUT = "2m"
 
 

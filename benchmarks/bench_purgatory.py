@@ -24,7 +24,7 @@ Measured in the same run, interleaved, on the same workload:
 * ``tickwheel``: the package as installed (the compiled core when it is built,
   ``tickwheel.COMPILED``);
 * ``tickwheel-pure``: the pure-Python reference, loaded beside it in this
-  process (``tickwheel._accel.load_pure``);
+  process (``load_pure``, from the tests' support code);
 * ``heapq-lazy``: the installed purgatory with its hierarchical timing wheel
   replaced by a ``heapq`` timer with lazy cancellation (asyncio's design: a
   cancelled handle stays in the heap until it comes due), driven by the same
@@ -61,8 +61,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from _support import load_pure
+
 import tickwheel
-from tickwheel._accel import load_pure
 
 # The pure-Python reference, loaded beside the installed package (compiled when built).
 PURE = load_pure()

@@ -16,7 +16,7 @@ callbacks inline (a no-op function):
   ``advance_clock``): every call takes the timer's lock. This is the compiled
   core when it is built (``tickwheel.COMPILED``);
 * ``tickwheel-pure``: the same on the pure-Python reference, loaded beside it
-  in this process (``tickwheel._accel.load_pure``);
+  in this process (``load_pure``, from the tests' support code);
 * ``asyncio``: a ``SelectorEventLoop`` whose ``time()`` is a fake clock;
   ``loop.call_later`` and ``TimerHandle.cancel``. The cancel phase includes
   one loop iteration at the unchanged time, which is where asyncio removes
@@ -36,8 +36,8 @@ callbacks inline (a no-op function):
   checks, no count, no cancelled mark). A thread-safe timer whose cancel is
   O(1) and frees the entry at once cannot do less, so these figures bound
   what tickwheel can reach on this interpreter and machine.
-* ``floor-c``: the same least work in C (``tickwheel._speedups.FloorTimer``,
-  when the core is compiled): the floor under the compiled core.
+* ``floor-c``: the same least work in C (``_floors.FloorTimer``,
+  when the core is compiled and the floors built): the floor under the compiled core.
 
 Timings use ``time.perf_counter_ns`` (or the thread's CPU time with
 ``--clock cpu``) with the garbage collector on (the default); each figure is
@@ -72,12 +72,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from _support import compiled_floors, load_pure
+
 import tickwheel
 from tickwheel import SystemTimer
-from tickwheel._accel import load_pure
 
 # The pure-Python reference, loaded beside the installed package (compiled when built).
 PURE = load_pure()
+# The compiled floors (floor-c rows), when built: see benchmarks/setup_floors.py.
+FLOORS = compiled_floors()
 
 MAX_DELAY_MS = 30_000
 BURST_DELAY_MS = 5
@@ -374,9 +377,8 @@ def burst_floor(n: int) -> tuple[float, float]:
 
 
 def _c_floor() -> Any:
-    from tickwheel import _speedups  # type: ignore[attr-defined]
-
-    return _speedups.FloorTimer()
+    assert FLOORS is not None
+    return FLOORS.FloorTimer()
 
 
 def run_floor_c(w: Workload) -> tuple[float, float, float, int]:
@@ -654,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(peers) - set(ALL_PEERS)
     if unknown or not peers:
         parser.error(f"--peers: unknown implementation(s) {sorted(unknown)}")
-    if not tickwheel.COMPILED and "floor-c" in peers:
+    if FLOORS is None and "floor-c" in peers:
         peers.remove("floor-c")
     global _clock_ns
     _clock_ns = time.perf_counter_ns if args.clock == "wall" else time.thread_time_ns

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Run the library's tests (everything but tests/pipeline) on each newer CPython
 # this machine has. tickwheel supports 3.11 and newer; `make test` runs the whole
-# suite on the .venv interpreter, and this script covers the others.
+# suite on the .venv interpreter, and this script covers the others, CPython's
+# own asyncio tests from each one's test package included (CI requires them:
+# .ci/run sets TICKWHEEL_REQUIRE_CPYTHON_TESTS).
 #
 # Interpreters: $PYTHONS (space-separated commands or paths) when set, else each
 # python3.12 … python3.15 on PATH, and each of pyenv's 3.12+ builds, that runs.
 # Each gets its own virtual environment under .venvs/<version>, with the dev
-# extra pinned in pyproject.toml. Exits non-zero if any run fails, or if no
-# interpreter was found.
+# extra pinned in pyproject.toml. Exits non-zero if any run fails, if no
+# interpreter was found, or if a 3.12+ version that pyproject.toml claims (its
+# classifiers) had none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,12 +41,19 @@ for py in "${candidates[@]}"; do
     if [ ! -x "$venv/bin/python" ]; then
         "$py" -m venv "$venv"
     fi
+    started=$SECONDS
     "$venv/bin/python" -m pip install --quiet --upgrade pip
     "$venv/bin/python" -m pip install --quiet -e '.[dev]'
     ran=$((ran + 1))
     if ! "$venv/bin/python" -m pytest --ignore=tests/pipeline -p no:cacheprovider -q; then
         failed+=("$version")
     fi
+    echo "== CPython $version: $((SECONDS - started)) s (install and tests)"
+done
+
+for claimed in $(grep -o 'Python :: 3\.[0-9]*"' pyproject.toml | grep -o '3\.[0-9]*'); do
+    [ "${claimed#3.}" -ge 12 ] || continue
+    case "$seen" in *" $claimed."*) ;; *) failed+=("$claimed (claimed in pyproject.toml, not found)") ;; esac
 done
 
 if [ "$ran" -eq 0 ]; then

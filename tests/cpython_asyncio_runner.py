@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import platform
 import sys
 import unittest
 
@@ -97,6 +98,9 @@ def main() -> int:
                 "errors": [[t.id(), tb] for t, tb in result.errors],
                 "skipped": [[t.id(), why] for t, why in result.skipped],
                 "excluded": dropped,
+                # Whose tests ran: this interpreter's version and its test package.
+                "python": platform.python_version(),
+                "test_package": sys.modules["test.test_asyncio"].__file__,
                 **made,
             }
         )

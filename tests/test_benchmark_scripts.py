@@ -1,18 +1,29 @@
 """The timer, asyncio and purgatory benchmark scripts still run and print their tables.
 
 Tiny sizes, one run each: these tests check that the scripts work (every peer,
-the floor rows and the bound line), never how fast anything is.
+the floor rows and the bound line), never how fast anything is. The compiled
+floors (``floor-c``) are there when ``make bench`` built them for this
+interpreter (``make test`` does); without them a script says how to build them.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tickwheel
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+#: True when the compiled floors are built for this interpreter (and the core is compiled).
+FLOORS = (
+    tickwheel.COMPILED
+    and importlib.machinery.PathFinder.find_spec("_floors", [str(BENCHMARKS)]) is not None
+)
 
 
 def _run(script: str, *args: str) -> str:
@@ -24,6 +35,10 @@ def _run(script: str, *args: str) -> str:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    # Without the floors, a script that has floor-c rows says how to build them.
+    assert ("`make bench` builds them" in done.stderr) == (
+        tickwheel.COMPILED and not FLOORS and script in ("bench_timer.py", "bench_aio.py")
+    )
     return done.stdout
 
 
@@ -31,7 +46,7 @@ def test_bench_timer_prints_every_peer_and_the_floor() -> None:
     out = _run("bench_timer.py", "--sizes", "2000", "--repeat", "1")
     rows = {line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")}
     assert {"tickwheel", "tickwheel-pure", "asyncio", "heapq", "sched", "floor"} <= rows
-    assert ("floor-c" in rows) == tickwheel.COMPILED  # the C floor, under the compiled core
+    assert ("floor-c" in rows) == FLOORS  # the C floor, under the compiled core
     floor = next(line for line in out.splitlines() if line.startswith("| floor |"))
     cells = [cell.strip() for cell in floor.strip("|").split("|")]
     assert cells[3] == "n/a"  # the floor cannot fire: no fire figure, no lifecycle
@@ -49,8 +64,8 @@ def test_bench_aio_prints_the_floor_and_its_bound() -> None:
     bound = next(line for line in lines if line.startswith("bound:"))
     assert bound.endswith("x asyncio")
     # Under the compiled core, the C floor and its bound too.
-    assert any(line.startswith("floor-c ") for line in lines) == tickwheel.COMPILED
-    assert any(line.startswith("bound-c:") for line in lines) == tickwheel.COMPILED
+    assert any(line.startswith("floor-c ") for line in lines) == FLOORS
+    assert any(line.startswith("bound-c:") for line in lines) == FLOORS
 
 
 def test_bench_aio_drop_in_prints_its_floors() -> None:
@@ -60,7 +75,7 @@ def test_bench_aio_drop_in_prints_its_floors() -> None:
     lines = out.splitlines()
     sides = next(line for line in lines if line.startswith("path ")).split()[1:]
     assert sides[:4] == ["stock", "tickwheel", "tickwheel-pure", "floor"]
-    assert ("floor-c" in sides) == tickwheel.COMPILED
+    assert ("floor-c" in sides) == FLOORS
     # Each of asyncio's paths has a figure and a ratio on every side, the floors too.
     for path in ("loop.call_later/cancel", "asyncio.timeout", "asyncio.sleep"):
         row = next(line for line in lines if line.startswith(path))
@@ -82,3 +97,20 @@ def test_bench_purgatory_prints_both_paths() -> None:
     assert {"tickwheel", "tickwheel-pure", "heapq-lazy"} <= rows
     assert sum(line.startswith("target at saturation") for line in out.splitlines()) == 2
     assert "lifecycle (watch + mean of the two ends)" in out
+
+
+@pytest.mark.parametrize("workload", ["timer", "purgatory"])
+def test_callgrind_workloads_run_on_the_compiled_core(workload: str) -> None:
+    script = BENCHMARKS / "callgrind_workloads.py"
+    done = subprocess.run(
+        [sys.executable, str(script), workload, "2", "--n", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if tickwheel.COMPILED:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 2
+        assert "the compiled core is not in use" in done.stderr

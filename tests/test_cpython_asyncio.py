@@ -13,14 +13,20 @@ themselves. A test here passes when the child ran the module's tests, none
 failed, and the loops really were tickwheel's (the child counts the
 ``EventLoop``s made and the timers that went through them). The interpreter
 must ship its test package (``test.test_asyncio``); when it does not, these
-tests skip and say so.
+tests skip and say so, unless ``TICKWHEEL_REQUIRE_CPYTHON_TESTS`` is set (CI
+sets it: ``.ci/run`` runs them on every CPython the machine has). The tests
+that run are the running interpreter's own: the child is this interpreter, and
+its report names the version and the test package it loaded.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -28,6 +34,8 @@ import pytest
 try:
     import test.test_asyncio  # noqa: F401
 except ImportError:
+    if os.environ.get("TICKWHEEL_REQUIRE_CPYTHON_TESTS"):
+        raise
     pytest.skip(
         "this interpreter does not ship CPython's test suite (test.test_asyncio)",
         allow_module_level=True,
@@ -60,3 +68,6 @@ def test_cpython_asyncio_tests_pass_on_the_wheel(module: str) -> None:
     assert report["loops"] > 0, "no EventLoop was made: the tests did not run on the wheel"
     assert report["timers"] >= MODULES[module]
     assert set(report["excluded"]) <= set(EXCLUDED)
+    assert report["python"] == platform.python_version()
+    stdlib = Path(sysconfig.get_path("stdlib")).resolve()
+    assert Path(report["test_package"]).resolve().is_relative_to(stdlib)

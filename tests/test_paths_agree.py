@@ -23,7 +23,7 @@ import tickwheel
 import tickwheel.aio
 import tickwheel.pipeline.core
 import tickwheel.pipeline.rules
-from tickwheel._accel import load_pure
+from support.paths import load_pure
 
 pytestmark = pytest.mark.skipif(
     not tickwheel.COMPILED, reason="the compiled core is not built: only one path to test"

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tickwheel
-from tickwheel._accel import load_pure
+from support.paths import load_pure
 
 pytestmark = pytest.mark.skipif(
     not tickwheel.COMPILED, reason="the compiled core is not built: only one path to test"

@@ -1,4 +1,4 @@
-"""The ``tickwheel`` command: trace a wheel, run the pipeline, run the benchmarks."""
+"""The ``tickwheel`` command: trace a wheel, run the pipeline."""
 
 from __future__ import annotations
 
@@ -6,18 +6,14 @@ import argparse
 import importlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from . import __version__
 from ._accel import COMPILED
 from ._trace import EXAMPLE_DELAYS, EXAMPLE_START_MS, render_trace, run_trace
 
 __all__ = ["main"]
-
-BENCHMARKS = ("timer", "purgatory", "aio", "pipeline")
 
 
 def _delays(text: str) -> tuple[int, ...]:
@@ -69,16 +65,6 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    root = Path(args.benchmarks_dir)
-    script = root / f"bench_{args.name}.py"
-    if not script.exists():
-        print(f"tickwheel bench: no benchmark at {script}", file=sys.stderr)
-        return 2
-    env = dict(os.environ)
-    return subprocess.call([sys.executable, str(script), *args.bench_args], env=env)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tickwheel", description="Kafka's hierarchical timing wheel for Python."
@@ -108,12 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--max-steps", type=_positive(1), default=1000)
     trace.add_argument("--json", action="store_true", help="print the states as JSON")
     trace.set_defaults(func=_cmd_trace)
-
-    bench = sub.add_parser("bench", help="run a benchmark from benchmarks/")
-    bench.add_argument("name", choices=BENCHMARKS)
-    bench.add_argument("--benchmarks-dir", default="benchmarks")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=_cmd_bench)
 
     try:
         pipeline_cli = importlib.import_module("tickwheel.pipeline._cli")

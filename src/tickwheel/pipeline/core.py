@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import EllipsisType
 from typing import TYPE_CHECKING, NamedTuple
 
-from .._accel import speedups
+from .._accel import compiled
 from .._clock import ManualClock
 from .._purgatory import DelayedOperation, DelayedOperationPurgatory
 from .._timer import SystemTimer
@@ -435,8 +435,8 @@ class _PartitionCore:
             self._purgatory.shutdown()
 
 
-if not TYPE_CHECKING and speedups is not None:
-    from ._loop import PartitionCore as _PartitionCore
+if not TYPE_CHECKING and (_loop := compiled("tickwheel.pipeline._loop")) is not None:
+    _PartitionCore = _loop.PartitionCore
 
 
 class PartitionProcessor(_PartitionCore):

@@ -1,0 +1,5 @@
+# C declarations from AsyncTimer's twin (aio.pxi); included by _speedups.pxd.
+
+# A deadline in seconds rounded up to the millisecond, as the wheel files it (the
+# benchmarks' floors cimport it).
+cdef long long _ceil_ms(double when) noexcept
