@@ -64,8 +64,8 @@ from typing import Any
 
 import tickwheel
 from tickwheel._accel import load_pure
-from tickwheel._aio_virtual import _JumpingSelector
 from tickwheel.aio import AsyncTimer, VirtualClockEventLoop
+from tickwheel.aio._virtual import _JumpingSelector
 
 # The pure-Python reference, loaded beside the installed package (compiled when built).
 PURE = load_pure()

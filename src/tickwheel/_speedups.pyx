@@ -935,11 +935,8 @@ cdef class SystemTimerCore(TimerCore):
 # -- AsyncTimer's hot half ------------------------------------------------------------------
 
 
-cdef double _MAX_SECONDS = <double>MAX_DELAY_MS_C / 1000
-
-
 cdef inline long long _ceil_ms(double when) noexcept:
-    """The smallest integer m with m / 1000 >= when (as ``aio._ceil_ms``)."""
+    """The smallest integer m with m / 1000 >= when (as ``aio._handle.ceil_ms``)."""
     cdef long long m = <long long>ceil(when * 1000.0)
     if <double>m / 1000.0 < when:
         m += 1
@@ -949,7 +946,7 @@ cdef inline long long _ceil_ms(double when) noexcept:
 
 
 cdef inline long long _floor_ms(double now) noexcept:
-    """The largest integer m with m / 1000 <= now (as ``aio._floor_ms``)."""
+    """The largest integer m with m / 1000 <= now (as ``aio._handle.floor_ms``)."""
     cdef long long m = <long long>floor(now * 1000.0)
     if <double>m / 1000.0 > now:
         m -= 1
@@ -963,21 +960,18 @@ cdef object _check_when_s = None
 
 
 cdef double _seconds(object value, bint is_delay) except? -1.0:
-    """A delay (>= 0) or a loop time as a checked double, as ``aio._check_delay``/``_check_when``."""
+    """A delay (>= 0) or a loop time (not NaN) as a checked double, as ``aio._handle``'s checks."""
     global _check_delay_s, _check_when_s
     cdef double v
     if type(value) is float:
         v = value
-        if is_delay:
-            if 0.0 <= v < _MAX_SECONDS:
-                return v
-        elif -_MAX_SECONDS < v < _MAX_SECONDS:
+        if (v >= 0.0) if is_delay else (v == v):
             return v
     if _check_delay_s is None:
-        from tickwheel.aio import _check_delay, _check_when
+        from tickwheel.aio._handle import check_delay, check_when
 
-        _check_delay_s = _check_delay
-        _check_when_s = _check_when
+        _check_delay_s = check_delay
+        _check_when_s = check_when
     return (_check_delay_s if is_delay else _check_when_s)(value)
 
 
@@ -988,7 +982,7 @@ cdef extern from "Python.h":
 
 
 cdef class TimerHandle(TimerTaskEntry):
-    """A callback scheduled on an AsyncTimer, like :class:`asyncio.TimerHandle` (see ``aio``)."""
+    """A callback scheduled on an AsyncTimer, like :class:`asyncio.TimerHandle` (see ``aio._handle``)."""
 
     cdef public double _when
     cdef public object _callback
@@ -1001,6 +995,11 @@ cdef class TimerHandle(TimerTaskEntry):
         self._callback = callback
         self._args = args
         self._context = context
+
+    @property
+    def _source_traceback(self):
+        """The stack that created the handle: None outside debug mode (``DebugTimerHandle``)."""
+        return None
 
     def when(self):
         """The deadline, in the loop's time (seconds). O(1)."""
@@ -1027,9 +1026,35 @@ cdef class TimerHandle(TimerTaskEntry):
         _run_handle(self)
 
     def __repr__(self):
-        from tickwheel.aio import handle_repr
+        from tickwheel.aio._handle import handle_repr
 
         return handle_repr(self)
+
+
+cdef class DebugTimerHandle(TimerHandle):
+    """A TimerHandle made in debug mode: it keeps the stack that created it (see ``aio._handle``)."""
+
+    cdef object _stack
+
+    @property
+    def _source_traceback(self):
+        """The stack that created the handle (``asyncio.format_helpers.extract_stack``)."""
+        return self._stack
+
+    @_source_traceback.setter
+    def _source_traceback(self, stack):
+        self._stack = stack
+
+
+cdef TimerHandle _new_handle(double when, object callback, tuple args, object context):
+    """``TimerHandle(when, callback, args, context)`` without the call of __init__."""
+    cdef TimerHandle handle = TimerHandle.__new__(TimerHandle)
+    handle.expiration_ms = -1
+    handle._when = when
+    handle._callback = callback
+    handle._args = args
+    handle._context = context
+    return handle
 
 
 cdef int _run_handle(TimerHandle handle) except -1:
@@ -1051,19 +1076,17 @@ cdef class RealTimerArm:
     """The compiled ``EventLoop._arm_real_timer``: arms the wheel's one real timer of an asyncio loop.
 
     ``arm(when, callback, context=ctx)`` does what the pure method does (see
-    ``tickwheel._aio_loop``): the asyncio handle it armed last, once fired
+    ``tickwheel.aio._loop``): the asyncio handle it armed last, once fired
     (neither cancelled nor queued), is pushed back on the loop's heap for the
     new deadline, else ``base_call_at`` (asyncio's own ``call_at``) makes a
-    new one. It keeps that handle and what it was armed with in C fields, and
-    the compiled timer calls it in C: a re-arm reads only the handle's flags
-    and the loop's heap, debug and closed state. O(log of the loop's heap).
+    new one. It keeps that handle in a C field, and the compiled timer calls
+    it in C: a re-arm reads only the handle's flags and the loop's heap, debug
+    and closed state. O(log of the loop's heap).
     """
 
     cdef object _loop
     cdef object _base_call_at
     cdef object _handle
-    cdef object _callback
-    cdef object _context
 
     def __init__(self, loop, base_call_at):
         self._loop = loop
@@ -1075,14 +1098,7 @@ cdef class RealTimerArm:
     cdef object _arm(self, double when, object callback, object context):
         loop = self._loop
         handle = self._handle
-        if (
-            handle is not None
-            and callback is self._callback
-            and context is self._context
-            and not handle._scheduled
-            and not handle._cancelled
-            and not loop._debug
-        ):
+        if handle is not None and not (handle._scheduled or handle._cancelled or loop._debug):
             if loop._closed:
                 raise RuntimeError("Event loop is closed")  # asyncio's _check_closed
             handle._when = when
@@ -1091,13 +1107,11 @@ cdef class RealTimerArm:
             return handle
         handle = self._base_call_at(when, callback, context=context)
         self._handle = handle
-        self._callback = callback
-        self._context = context
         return handle
 
 
 cdef class AsyncTimerCore(TimerCore):
-    """AsyncTimer's hot half (see ``tickwheel.aio``): scheduling, the loop timer, running."""
+    """AsyncTimer's hot half (see ``tickwheel.aio._timer``): scheduling, the loop timer, running."""
 
     cdef public object _loop
     cdef public object _time
@@ -1109,6 +1123,8 @@ cdef class AsyncTimerCore(TimerCore):
     cdef public bint _ready_scheduled
     cdef public object _batch
     cdef public bint _closed
+    cdef public double _horizon_s
+    cdef public TimerTaskList _parked
     # self._run_due, bound once: the loop timer's callback at every re-arm.
     cdef object _run_due_bound
 
@@ -1120,47 +1136,58 @@ cdef class AsyncTimerCore(TimerCore):
     def call_later(self, delay, callback, *args, context=None):
         """Run ``callback(*args)`` ``delay`` seconds from now; return its handle. O(1)."""
         cdef double d = _seconds(delay, True)
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, got {callback!r}")
-        return self._schedule_c(self._now_s() + d, callback, args, context)
+        self._check_call(callback)
+        return self._add_c(_new_handle(self._now_s() + d, callback, args, context))
 
     def call_at(self, when, callback, *args, context=None):
         """Run ``callback(*args)`` once the loop's time reaches ``when``; return its handle. O(1)."""
         cdef double w = _seconds(when, False)
+        self._check_call(callback)
+        return self._add_c(_new_handle(w, callback, args, context))
+
+    def _check_call(self, callback):
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
-        return self._schedule_c(w, callback, args, context)
-
-    cdef TimerHandle _schedule_c(self, double when, object callback, tuple args, object context):
-        cdef TimerHandle handle
-        cdef long long m, tick
         if self._closed:
             raise RuntimeError("AsyncTimer is closed")
-        handle = TimerHandle.__new__(TimerHandle)
-        handle._when = when
-        handle._callback = callback
-        handle._args = args
-        handle._context = context
-        m = _ceil_ms(when)
-        tick = self._wheel.tick_ms
-        if tick != 1:
-            m = -_floordiv(-m, tick) * tick
-        handle.expiration_ms = m
-        if not self._add_entry_c(handle):
-            self._ready.append(handle)
-            if not self._ready_scheduled:
-                self._ready_scheduled = True
-                self._loop.call_soon(self._on_ready, context=self._context)
-        elif m < self._armed_ms:
-            self._arm_c(m)
+
+    cdef TimerHandle _add_c(self, TimerHandle handle):
+        cdef long long m, tick
+        cdef double when = handle._when
+        if -self._horizon_s < when < self._horizon_s:
+            m = _ceil_ms(when)
+            tick = self._wheel.tick_ms
+            if tick != 1:
+                m = -_floordiv(-m, tick) * tick
+            handle.expiration_ms = m
+            if self._add_entry_c(handle):
+                if m < self._armed_ms:
+                    self._arm_c(m)
+                return handle
+        elif when >= self._horizon_s:
+            self._parked._add(handle)
+            return handle
+        self._run_soon_c(handle)
         return handle
 
-    def _schedule(self, double when, callback, tuple args, context=None):
-        """``call_at`` without the argument checks: ``when`` is a finite float."""
-        return self._schedule_c(when, callback, args, context)
+    def _add(self, TimerHandle handle):
+        """Keep ``handle`` until its deadline; return it. The caller checked that the timer is open."""
+        return self._add_c(handle)
+
+    cdef int _run_soon_c(self, TimerHandle handle) except -1:
+        self._ready.append(handle)
+        if not self._ready_scheduled:
+            self._ready_scheduled = True
+            self._loop.call_soon(self._on_ready, context=self._context)
+        return 0
+
+    def _run_soon(self, TimerHandle handle):
+        """Run ``handle``, already due, on the next loop iteration, never synchronously."""
+        self._run_soon_c(handle)
 
     cdef int _arm_c(self, long long expiration_ms) except -1:
-        self._disarm_c()
+        if self._loop_handle is not None:
+            self._disarm_c()
         self._armed_ms = expiration_ms
         if self._run_due_bound is None:
             self._run_due_bound = self._run_due
@@ -1227,25 +1254,46 @@ cdef class AsyncTimerCore(TimerCore):
         cdef Py_ssize_t i = 0
         cdef Py_ssize_t n = PyList_GET_SIZE(handles)
         cdef TimerHandle handle
+        cdef object debug = None
         self._batch = handles  # so that close() from a callback cancels the rest
+        if self._loop.get_debug():
+            debug = _debug_run(self._loop, self._report_callback_error)
         while i < n:
             handle = handles[i]
             i += 1
             if handle._list is CANCELLED_C:
                 continue
             try:
-                _run_handle(handle)
+                if debug is None:
+                    _run_handle(handle)
+                else:
+                    debug(handle)
             except (SystemExit, KeyboardInterrupt):
                 self._run_next_iteration(handles[i:])
                 raise
             except BaseException as exc:
                 self._report_callback_error(handle, exc)
         self._batch = None
+        if debug is not None:
+            debug.finish()
         return 0
 
     def _run_handles(self, list handles):
         """Run each handle not cancelled meanwhile; report what a callback raises."""
         self._run_handles_c(handles)
+
+
+cdef object _debug_run_class = None
+
+
+cdef object _debug_run(object loop, object report):
+    """``aio._debug.DebugRun(loop, report)``: debug mode's runner of a batch (cold, Python)."""
+    global _debug_run_class
+    if _debug_run_class is None:
+        from tickwheel.aio._debug import DebugRun
+
+        _debug_run_class = DebugRun
+    return _debug_run_class(loop, report)
 
 
 import time as _time_module
@@ -2100,47 +2148,43 @@ cdef class _PurgatoryCore:
         return self._num_purged
 
 
-# -- the drop-in event loop's call_later and call_at (tickwheel._aio_loop) ------------------
+# -- the drop-in event loop's call_later and call_at (tickwheel.aio._loop) ------------------
 
 
-cdef object _loop_schedule(object loop, object when, object callback, tuple args, object context):
-    """``_WheelTimers.call_at`` after its ``when`` is known (see tickwheel._aio_loop)."""
-    cdef AsyncTimerCore timer = loop._wheel_timer
-    cdef double w = _seconds(when, False)
-    if timer._closed:
-        raise RuntimeError("Event loop is closed")
-    debug = getattr(loop, "_debug", None)
-    if debug is None:
-        debug = loop.get_debug()  # a loop whose debug flag is not a Python attribute (uvloop)
-    if debug:
-        loop._debug_checks(callback)
-    elif not callable(callback):
-        raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
-    if context is None:
-        context = PyContext_CopyCurrent()
-    return timer._schedule_c(w, callback, args, context)
+cdef inline bint _loop_debug(object loop) except -1:
+    """The loop's debug flag: asyncio's ``_debug`` attribute, or a property (uvloop's variant)."""
+    return bool(loop._debug)
 
 
 def loop_call_later(self, delay, callback, *args, context=None):
     """Run ``callback(*args)`` ``delay`` seconds from now, on the wheel. O(1).
 
     The compiled ``call_later`` of tickwheel's event loops (see
-    ``tickwheel._aio_loop._WheelTimers.call_later``).
+    ``tickwheel.aio._loop._WheelTimers.call_later``).
     """
     if delay is None:
         raise TypeError("delay must not be None")
     cdef AsyncTimerCore timer = self._wheel_timer
     if type(delay) is float:
-        return _loop_schedule(self, timer._now_s() + <double>delay, callback, args, context)
-    return _loop_schedule(self, self.time() + delay, callback, args, context)
+        when = timer._now_s() + <double>delay
+    else:
+        when = timer._time() + delay
+    if type(when) is not float or _loop_debug(self) or timer._closed or not callable(callback):
+        return self._call_at_checked(when, callback, args, context)
+    if context is None:
+        context = PyContext_CopyCurrent()
+    return timer._add_c(_new_handle(when, callback, args, context))
 
 
 def loop_call_at(self, when, callback, *args, context=None):
     """Run ``callback(*args)`` once ``loop.time()`` reaches ``when``, on the wheel. O(1).
 
     The compiled ``call_at`` of tickwheel's event loops (see
-    ``tickwheel._aio_loop._WheelTimers.call_at``).
+    ``tickwheel.aio._loop._WheelTimers.call_at``).
     """
-    if when is None:
-        raise TypeError("when cannot be None")
-    return _loop_schedule(self, when, callback, args, context)
+    cdef AsyncTimerCore timer = self._wheel_timer
+    if type(when) is not float or _loop_debug(self) or timer._closed or not callable(callback):
+        return self._call_at_checked(when, callback, args, context)
+    if context is None:
+        context = PyContext_CopyCurrent()
+    return timer._add_c(_new_handle(when, callback, args, context))
