@@ -2151,6 +2151,12 @@ cdef class _PurgatoryCore:
 # -- the drop-in event loop's call_later and call_at (tickwheel.aio._loop) ------------------
 
 
+import sys as _sys
+
+# The caller's frame: functions compiled here have none, so it is the top one.
+cdef object _getframe = _sys._getframe
+
+
 cdef inline bint _loop_debug(object loop) except -1:
     """The loop's debug flag: asyncio's ``_debug`` attribute, or a property (uvloop's variant)."""
     return bool(loop._debug)
@@ -2170,7 +2176,7 @@ def loop_call_later(self, delay, callback, *args, context=None):
     else:
         when = timer._time() + delay
     if type(when) is not float or _loop_debug(self) or timer._closed or not callable(callback):
-        return self._call_at_checked(when, callback, args, context)
+        return self._call_at_checked(when, callback, args, context, _getframe())
     if context is None:
         context = PyContext_CopyCurrent()
     return timer._add_c(_new_handle(when, callback, args, context))
@@ -2184,7 +2190,7 @@ def loop_call_at(self, when, callback, *args, context=None):
     """
     cdef AsyncTimerCore timer = self._wheel_timer
     if type(when) is not float or _loop_debug(self) or timer._closed or not callable(callback):
-        return self._call_at_checked(when, callback, args, context)
+        return self._call_at_checked(when, callback, args, context, _getframe())
     if context is None:
         context = PyContext_CopyCurrent()
     return timer._add_c(_new_handle(when, callback, args, context))

@@ -34,6 +34,7 @@ import selectors
 import sys
 from asyncio import events
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._accel import speedups
@@ -89,7 +90,7 @@ class _WheelTimers:
         timer = self._wheel_timer
         when = timer._time() + delay
         if when.__class__ is not float or self._debug or timer._closed or not callable(callback):
-            return self._call_at_checked(when, callback, args, context)
+            return self._call_at_checked(when, callback, args, context, sys._getframe(1))
         if context is None:
             context = _copy_context()
         return timer._add(TimerHandle(when, callback, args, context))
@@ -109,7 +110,7 @@ class _WheelTimers:
         """
         timer = self._wheel_timer
         if when.__class__ is not float or self._debug or timer._closed or not callable(callback):
-            return self._call_at_checked(when, callback, args, context)
+            return self._call_at_checked(when, callback, args, context, sys._getframe(1))
         if context is None:
             context = _copy_context()
         return timer._add(TimerHandle(when, callback, args, context))
@@ -120,8 +121,13 @@ class _WheelTimers:
         callback: Callable[..., object],
         args: tuple[Any, ...],
         context: contextvars.Context | None,
+        caller: FrameType,
     ) -> TimerHandle:
-        """``call_at`` with every check, in asyncio's order, and debug mode's handle."""
+        """``call_at`` with every check, in asyncio's order, and debug mode's handle.
+
+        ``caller`` is the frame that called ``call_later`` or ``call_at``: where
+        a debug handle's creation stack ends, as asyncio's does.
+        """
         if when is None:
             raise TypeError("when cannot be None")
         seconds = loop_time(when)
@@ -137,7 +143,7 @@ class _WheelTimers:
             return timer._add(TimerHandle(seconds, callback, args, context))
         self._debug_checks(callback)
         handle = DebugTimerHandle(seconds, callback, args, context)
-        handle._source_traceback = creation_stack(sys._getframe(1))
+        handle._source_traceback = creation_stack(caller)
         return timer._add(handle)
 
     def _debug_checks(self, callback: object) -> None:
