@@ -128,14 +128,18 @@ class _AsyncTimerCore(TimerCore):
         (``inf``) is kept aside; one below it (``-inf``), or NaN, is due. O(1).
         """
         when = handle._when
-        if -self._horizon_s < when < self._horizon_s:
+        horizon = self._horizon_s
+        if -horizon < when < horizon:
+            expiration_ms = ceil_ms(when)
             tick = self._wheel.tick_ms
-            handle.expiration_ms = -(-ceil_ms(when) // tick) * tick
+            if tick != 1:
+                expiration_ms = -(-expiration_ms // tick) * tick
+            handle.expiration_ms = expiration_ms
             if self._add_entry(handle):
-                if handle.expiration_ms < self._armed_ms:
-                    self._arm(handle.expiration_ms)
+                if expiration_ms < self._armed_ms:
+                    self._arm(expiration_ms)
                 return handle
-        elif when >= self._horizon_s:
+        elif when >= horizon:
             self._parked.add(handle)
             return handle
         self._run_soon(handle)
