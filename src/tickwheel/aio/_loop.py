@@ -130,7 +130,6 @@ class _WheelTimers:
         """
         if when is None:
             raise TypeError("when cannot be None")
-        seconds = loop_time(when)
         timer = self._wheel_timer
         # close() closes the wheel first: a closed wheel is a closed loop.
         if timer._closed:
@@ -140,9 +139,9 @@ class _WheelTimers:
         if not self._debug:
             if not callable(callback):
                 raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
-            return timer._add(TimerHandle(seconds, callback, args, context))
+            return timer._add(TimerHandle(loop_time(when), callback, args, context))
         self._debug_checks(callback)
-        handle = DebugTimerHandle(seconds, callback, args, context)
+        handle = DebugTimerHandle(loop_time(when), callback, args, context)
         handle._source_traceback = creation_stack(caller)
         return timer._add(handle)
 
