@@ -1256,7 +1256,7 @@ cdef class AsyncTimerCore(TimerCore):
         cdef TimerHandle handle
         cdef object debug = None
         self._batch = handles  # so that close() from a callback cancels the rest
-        if self._loop.get_debug():
+        if _in_debug_mode(self._loop):
             debug = _debug_run(self._loop, self._report_callback_error)
         while i < n:
             handle = handles[i]
@@ -1281,6 +1281,14 @@ cdef class AsyncTimerCore(TimerCore):
     def _run_handles(self, list handles):
         """Run each handle not cancelled meanwhile; report what a callback raises."""
         self._run_handles_c(handles)
+
+
+cdef inline bint _in_debug_mode(object loop) except -1:
+    """``loop.get_debug()``: asyncio's loops (and tickwheel's) read without a Python call."""
+    debug = getattr(loop, "_debug", None)
+    if debug is None:
+        debug = loop.get_debug()
+    return bool(debug)
 
 
 cdef object _debug_run_class = None

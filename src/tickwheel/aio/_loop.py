@@ -30,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import heapq
+import os
 import selectors
 import sys
+import warnings
 from asyncio import events
 from collections.abc import Callable
 from types import FrameType
@@ -249,7 +251,12 @@ class EventLoop(_WheelTimers, asyncio.SelectorEventLoop):  # type: ignore[misc]
 
 
 def new_event_loop() -> EventLoop:
-    """A new :class:`EventLoop`: pass it as ``loop_factory``, as with uvloop."""
+    """A new :class:`EventLoop`: pass it as ``loop_factory``, as with uvloop.
+
+    Without the compiled core it says once that the drop-in then saves nothing
+    (see :func:`_note_the_pure_path`).
+    """
+    _note_the_pure_path()
     return EventLoop()
 
 
@@ -261,8 +268,39 @@ class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
 
 
 def install() -> None:
-    """Make :class:`EventLoopPolicy` asyncio's policy: every new loop is an :class:`EventLoop`."""
+    """Make :class:`EventLoopPolicy` asyncio's policy: every new loop is an :class:`EventLoop`.
+
+    Without the compiled core it says once that the drop-in then saves nothing.
+    """
+    _note_the_pure_path()
     asyncio.set_event_loop_policy(EventLoopPolicy())
+
+
+_pure_path_noted = False
+
+
+def _note_the_pure_path() -> None:
+    """Warn once when the loops run on the pure-Python path: their timers then cost no less.
+
+    On that path ``call_later``/``cancel`` cost about what asyncio's own loop
+    costs, and a timer that fires (``asyncio.sleep``) more: the drop-in's gain
+    is the compiled core's (figures in docs/aio.md, "Without the compiled core").
+    """
+    global _pure_path_noted
+    if speedups is not None or _pure_path_noted:
+        return
+    _pure_path_noted = True
+    if os.environ.get("TICKWHEEL_NO_EXTENSIONS"):
+        why = "TICKWHEEL_NO_EXTENSIONS is set"
+    else:
+        why = "it was not built: there was no C compiler when tickwheel was installed"
+    warnings.warn(
+        f"tickwheel.aio: the compiled core is not in use ({why}). On the pure-Python "
+        "path the drop-in loop's timers cost about as much as asyncio's own loop's, and "
+        "more for timers that fire; see docs/aio.md",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def new_uvloop_event_loop() -> asyncio.AbstractEventLoop:
@@ -274,6 +312,7 @@ def new_uvloop_event_loop() -> asyncio.AbstractEventLoop:
     milliseconds. Raises ImportError, saying what to install, without uvloop.
     """
     global _UVLOOP_CLASS
+    _note_the_pure_path()
     if _UVLOOP_CLASS is None:
         _UVLOOP_CLASS = _uvloop_class()
     loop: asyncio.AbstractEventLoop = _UVLOOP_CLASS()
