@@ -15,6 +15,7 @@ import asyncio
 import math
 import sys
 from collections.abc import Callable, Coroutine
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -189,6 +190,11 @@ async def other_numbers() -> Observation:
     loop.call_later(Fraction(1, 1000), fired.append, "Fraction")
     loop.call_later(False, fired.append, "False")  # a bool is an int
     loop.call_at(int(loop.time()) - 1, fired.append, "int when")
+    loop.call_at(Decimal(int(loop.time()) - 1), fired.append, "Decimal when")
+    try:
+        loop.call_later(Decimal(0), print)
+    except TypeError as exc:  # float + Decimal
+        fired.append(_error(exc)[0])
     await asyncio.sleep(A_WHILE)
     return [sorted(fired), await _outcome(asyncio.sleep(Fraction(1, 1000), "slept"))]
 
