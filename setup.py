@@ -26,13 +26,13 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The declarations every extension compiles against (cimport tickwheel._speedups).
-CORE_DECLARATIONS = ["src/tickwheel/_speedups.pxd", *sorted(glob("src/tickwheel/_twins/*.pxd"))]
+CORE_DECLARATIONS = ["src/tickwheel/_speedups.pxd", *sorted(glob("src/tickwheel/_twins/**/*.pxd", recursive=True))]
 
 EXTENSIONS = [
     Extension(
         "tickwheel._speedups",
         ["src/tickwheel/_speedups.pyx"],
-        depends=[*CORE_DECLARATIONS, *sorted(glob("src/tickwheel/_twins/*.pxi"))],
+        depends=[*CORE_DECLARATIONS, *sorted(glob("src/tickwheel/_twins/**/*.pxi", recursive=True))],
     ),
     Extension(
         "tickwheel.pipeline._loop", ["src/tickwheel/pipeline/_loop.pyx"], depends=CORE_DECLARATIONS

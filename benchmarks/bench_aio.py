@@ -65,8 +65,8 @@ from typing import Any
 from _support import compiled_floors, load_pure
 
 import tickwheel
-from tickwheel._aio_virtual import _JumpingSelector
 from tickwheel.aio import AsyncTimer, VirtualClockEventLoop
+from tickwheel.aio._virtual import _JumpingSelector
 
 # The pure-Python reference, loaded beside the installed package (compiled when built).
 PURE = load_pure()
@@ -536,24 +536,30 @@ DROP_IN = {
 }
 
 
-def drop_in(n: int, seed: int, repeat: int, floors: bool) -> None:
+def drop_in(n: int, seed: int, repeat: int, floors: bool, debug: bool = False) -> None:
     """Time asyncio's own timer APIs on the stock loop and on the wheel's loop (both paths).
 
     With ``floors``, also on :class:`DropInFloorLoop`, pure (``floor``) and
     compiled (``floor-c``): the least a drop-in loop's timers can cost on each path.
+    With ``debug``, every loop runs in asyncio's debug mode (its slow-callback
+    warnings silenced: the timeout workload is one long task step).
     """
     w = make_workload(n, seed)
     sides = ["stock", "tickwheel", "tickwheel-pure"]
     if floors:
         sides += ["floor", "floor-c"] if FLOORS is not None else ["floor"]
     print()
-    print(f"drop-in loop, N = {n:,}: CPU ms (best of {repeat}), ratio to the stock loop")
+    mode = ", debug mode" if debug else ""
+    print(f"drop-in loop, N = {n:,}{mode}: CPU ms (best of {repeat}), ratio to the stock loop")
     print(f"{'path':<28} " + " ".join(f"{side:>16}" for side in sides))
     for name, workload in DROP_IN.items():
         best = dict.fromkeys(sides, math.inf)
         for _ in range(repeat):
             for side in sides:
                 loop = _drop_in_loop(side)
+                if debug:
+                    loop.set_debug(True)
+                    loop.slow_callback_duration = 3600.0
                 try:
                     gc.collect()
                     t0 = time.process_time_ns()
@@ -589,6 +595,11 @@ def main(argv: list[str] | None = None) -> int:
         "--drop-in",
         action="store_true",
         help="also time asyncio's own APIs on the stock loop and on tickwheel.aio.EventLoop",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="with --drop-in: run those loops in asyncio's debug mode",
     )
     args = parser.parse_args(argv)
     if args.no_gc:
@@ -652,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if args.drop_in:
         for n in args.sizes:
-            drop_in(n, args.seed, args.repeat, floors=not args.no_floor)
+            drop_in(n, args.seed, args.repeat, floors=not args.no_floor, debug=args.debug)
     w = make_workload(args.memory_n, args.seed)
     print()
     print(f"memory, N = {args.memory_n:,} (tracemalloc; cancelling 90 %)")

@@ -18,7 +18,7 @@ import sys
 import unittest
 
 import tickwheel.aio as aio
-from tickwheel import _aio_loop
+from tickwheel.aio import _loop as _aio_loop
 
 made = {"loops": 0, "timers": 0}
 _init = _aio_loop.EventLoop.__init__

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tickwheel.aio as aio
+import tickwheel.aio._handle as aio_handle
 from aio_support import new_loop, our_loop_handles, pending_loop_handles, run
 from tickwheel.aio import AsyncTimer, TimerHandle, VirtualClockEventLoop
 
@@ -86,7 +87,7 @@ def test_defaults_to_the_running_loop(loop: VirtualClockEventLoop) -> None:
     assert (timer.tick_ms, timer.wheel_size) == (1, 20)
 
 
-@pytest.mark.parametrize("delay", [-1, -0.001, math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("delay", [-1, -0.001, math.nan, -math.inf])
 def test_bad_delay_is_a_value_error(loop: VirtualClockEventLoop, delay: float) -> None:
     timer = AsyncTimer(loop=loop)
     with pytest.raises(ValueError, match="delay"):
@@ -105,13 +106,59 @@ def test_delay_of_wrong_type_is_a_type_error(loop: VirtualClockEventLoop, delay:
         timer.call_later(delay, print)
 
 
-@pytest.mark.parametrize("when", [math.nan, math.inf])
-def test_bad_when_is_a_value_error(loop: VirtualClockEventLoop, when: float) -> None:
+def test_bad_when_is_a_value_error(loop: VirtualClockEventLoop) -> None:
     timer = AsyncTimer(loop=loop)
     with pytest.raises(ValueError, match="when"):
-        timer.call_at(when, print)
+        timer.call_at(math.nan, print)
     with pytest.raises(TypeError, match="when"):
         timer.call_at("5", print)  # type: ignore[arg-type]
+    assert timer.size == 0
+
+
+@pytest.mark.parametrize("far", [math.inf, 1e300, 2.0**61, 1e12])
+def test_infinite_and_huge_deadlines_never_fire_and_cancel_at_once(
+    loop: VirtualClockEventLoop, far: float
+) -> None:
+    # As on asyncio's heap: inf never comes due, a huge deadline is far away.
+    # Those beyond the wheel's range are kept aside; 1e12 s is within it.
+    timer = AsyncTimer(loop=loop)
+    fired: list[str] = []
+    later = timer.call_later(far, fired.append, "later")
+    at = timer.call_at(far, fired.append, "at")
+    timer.call_later(0.5, fired.append, "near")
+    assert (later.when(), at.when()) == (loop.time() + far, far)
+    assert timer.size == 3
+    timer._check()
+
+    async def main() -> None:
+        slept = asyncio.ensure_future(timer.sleep(far))
+        async with timer.timeout(far) as cm:
+            assert cm.when() == loop.time() + far
+            await asyncio.sleep(2.0)
+        assert timer.size == 3
+        slept.cancel()
+        await asyncio.gather(slept, return_exceptions=True)
+
+    run(loop, main())
+    assert fired == ["near"] and timer.size == 2
+    timer._check()
+    later.cancel()
+    assert timer.size == 1 and later.cancelled()
+    timer.close()
+    assert at.cancelled() and timer.size == 0
+
+
+def test_past_deadlines_beyond_the_range_run_on_the_next_iteration(
+    loop: VirtualClockEventLoop,
+) -> None:
+    timer = AsyncTimer(loop=loop)
+    fired: list[float] = []
+    for when in (-math.inf, -1e300, loop.time() - 5.0):
+        timer.call_at(when, fired.append, when)
+    assert fired == [] and timer.size == 3
+    run(loop, asyncio.sleep(0))
+    assert fired == [-math.inf, -1e300, loop.time() - 5.0]
+    assert timer.size == 0
 
 
 def test_non_callable_is_a_type_error(loop: VirtualClockEventLoop) -> None:
@@ -245,9 +292,9 @@ def test_ms_boundaries_never_early(start: float) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.floats(min_value=-1e9, max_value=1e9, allow_nan=False))
 def test_rounding_helpers_are_exact(x: float) -> None:
-    m = aio._ceil_ms(x)
+    m = aio_handle.ceil_ms(x)
     assert m / 1000 >= x > (m - 1) / 1000
-    f = aio._floor_ms(x)
+    f = aio_handle.floor_ms(x)
     assert f / 1000 <= x < (f + 1) / 1000
 
 
@@ -637,8 +684,10 @@ def test_exception_in_a_context_callback_names_the_callback(loop: VirtualClockEv
         raise KeyError(x)
 
     handle = timer.call_later(0.5, explode, 7, context=contextvars.copy_context())
-    assert "explode" in repr(handle)
-    assert "pending" in repr(handle)
+    # asyncio's repr: the deadline, then the callback with its arguments and source.
+    theirs = asyncio.TimerHandle(handle.when(), explode, (7,), loop)
+    assert repr(handle) == repr(theirs)
+    assert "explode(7) at" in repr(handle)
 
     async def main() -> None:
         await asyncio.sleep(1)
@@ -648,7 +697,8 @@ def test_exception_in_a_context_callback_names_the_callback(loop: VirtualClockEv
     assert "explode" in contexts[0]["message"]
     assert isinstance(contexts[0]["exception"], KeyError)
     handle.cancel()
-    assert "cancelled" in repr(handle)
+    theirs.cancel()
+    assert repr(handle) == repr(theirs) == f"<TimerHandle cancelled when={handle.when()}>"
     assert "size=0" in repr(timer)
 
 

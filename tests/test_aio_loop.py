@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
+import subprocess
 import sys
 
 import pytest
 
+import tickwheel
 import tickwheel.aio as aio
 
 pytestmark = pytest.mark.timeout(60)
@@ -238,3 +241,54 @@ def test_the_uvloop_variant_never_fires_early() -> None:
     with asyncio.Runner(loop_factory=aio.new_uvloop_event_loop) as runner:
         runner.run(main())
     assert len(on_time) == 200 and all(on_time)
+
+
+_SAY_ONCE = """
+import sys, warnings
+if sys.argv[1] == "no compiler":
+    sys.modules["tickwheel._speedups"] = None  # as when the extension was not built
+import tickwheel, tickwheel.aio as aio
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    aio.new_event_loop().close()
+    aio.install()
+    aio.new_event_loop().close()
+print(tickwheel.COMPILED, len(caught))
+for w in caught:
+    print(w.category.__name__, w.filename == "<string>", w.message)
+"""
+
+
+@pytest.mark.parametrize("why", ["TICKWHEEL_NO_EXTENSIONS", "no compiler"])
+def test_the_pure_path_says_once_that_the_drop_in_saves_nothing(why: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TICKWHEEL_NO_EXTENSIONS"}
+    if why == "TICKWHEEL_NO_EXTENSIONS":
+        env["TICKWHEEL_NO_EXTENSIONS"] = "1"
+    out = subprocess.run(
+        [sys.executable, "-c", _SAY_ONCE, why],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert out[0] == "False 1"
+    category, at_the_call, message = out[1].split(" ", 2)
+    assert (category, at_the_call) == ("RuntimeWarning", "True")
+    assert "compiled core is not in use" in message and "docs/aio.md" in message
+    expected = "TICKWHEEL_NO_EXTENSIONS is set" if why != "no compiler" else "no C compiler"
+    assert expected in message
+
+
+@pytest.mark.skipif(not tickwheel.COMPILED, reason="the compiled core is not built")
+def test_the_compiled_path_says_nothing() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TICKWHEEL_NO_EXTENSIONS"}
+    out = subprocess.run(
+        [sys.executable, "-c", _SAY_ONCE, "compiled"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert out == ["True 0"]

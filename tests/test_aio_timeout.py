@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import tickwheel.aio as aio
+import tickwheel.aio._default as aio_default
 from aio_support import new_loop, our_loop_handles, pending_loop_handles, run
 from tickwheel.aio import AsyncTimer, VirtualClockEventLoop
 
@@ -449,7 +450,7 @@ def test_default_timers_of_closed_loops_are_dropped() -> None:
     lp = new_loop()
     try:
         run(lp, main())
-        assert all(not old.is_closed() for old in aio._default_timers)
+        assert all(not old.is_closed() for old in aio_default._default_timers)
     finally:
         lp.close()
 

@@ -82,6 +82,19 @@ def test_bench_aio_drop_in_prints_its_floors() -> None:
         assert row.count("x") >= len(sides) - 1, row
 
 
+def test_bench_aio_drop_in_runs_in_debug_mode() -> None:
+    out = _run(
+        "bench_aio.py",
+        *("--sizes", "500", "--repeat", "1", "--memory-n", "500", "--no-floor"),
+        *("--drop-in", "--debug"),
+    )
+    lines = out.splitlines()
+    assert any(line.startswith("drop-in loop, N = 500, debug mode:") for line in lines)
+    for path in ("loop.call_later/cancel", "asyncio.timeout", "asyncio.sleep"):
+        row = next(line for line in lines if line.startswith(path))
+        assert row.count("x") >= 2, row
+
+
 def test_bench_pipeline_loop_runs_both_paths() -> None:
     out = _run("bench_pipeline_loop.py", "--orders", "500", "--repeat", "1")
     sides = {line.split()[0] for line in out.splitlines() if line.startswith("tickwheel")}

@@ -19,8 +19,11 @@ twin (``_twins/``)                 classes and functions
 ``_timer.pxi``                     SystemTimer's hot half: ``SystemTimerCore``, ``run_task``
 ``_purgatory.pxi``                 the purgatory's hot halves: ``_DelayedOperationCore``,
                                    ``_WatcherList``, ``_PurgatoryCore``
-``aio.pxi``                        AsyncTimer's hot half: ``TimerHandle``, ``AsyncTimerCore``
-``_aio_loop.pxi``                  the drop-in loop's ``RealTimerArm``, ``loop_call_later``,
+``aio/_handle.pxi``                the deadline's checks and roundings, ``TimerHandle``,
+                                   ``DebugTimerHandle``
+``aio/_timer.pxi``                 AsyncTimer's hot half: ``AsyncTimerCore``
+``aio/_debug.pxi``                 debug mode as the compiled timer reads it
+``aio/_loop.pxi``                  the drop-in loop's ``RealTimerArm``, ``loop_call_later``,
                                    ``loop_call_at``
 =================================  =====================================================
 
@@ -98,8 +101,9 @@ cdef inline double _monotonic_s() noexcept nogil:
 
 # -- the twins, each after those it builds on ---------------------------------------------
 # Cython reads every declaration of the module before any code, so a twin may also call
-# one included after it (TimerTask.cancel takes the Lock of _timer_core.pxi). RealTimerArm is declared here: AsyncTimerCore (aio.pxi) arms it in C,
-# and it is defined with the loop it serves (_aio_loop.pxi).
+# one included after it (TimerTask.cancel takes the Lock of _timer_core.pxi). RealTimerArm
+# is declared here: AsyncTimerCore (aio/_timer.pxi) arms it in C, and it is defined with
+# the loop it serves (aio/_loop.pxi).
 
 cdef class RealTimerArm
 
@@ -110,5 +114,7 @@ include "_twins/_wheel.pxi"
 include "_twins/_timer_core.pxi"
 include "_twins/_timer.pxi"
 include "_twins/_purgatory.pxi"
-include "_twins/aio.pxi"
-include "_twins/_aio_loop.pxi"
+include "_twins/aio/_handle.pxi"
+include "_twins/aio/_timer.pxi"
+include "_twins/aio/_debug.pxi"
+include "_twins/aio/_loop.pxi"

@@ -1,4 +1,4 @@
-# C declarations from AsyncTimer's twin (aio.pxi); included by _speedups.pxd.
+# C declarations from the twin of tickwheel.aio._handle; included by _speedups.pxd.
 
 # A deadline in seconds rounded up to the millisecond, as the wheel files it (the
 # benchmarks' floors cimport it).
