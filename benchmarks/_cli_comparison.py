@@ -42,6 +42,14 @@ def _tickwheel_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "tickwheel"]
 
 
+#: Where each program writes: this directory, and this name + "-ck" for a checkpoint.
+OUTPUTS = {
+    "pipeline run": "cli-run",
+    "pipeline stream": "cli-stream",
+    "transformWithStateInPandas": "cli-peer",
+}
+
+
 def _cli_commands(work: Path, rules: Path, inp: Path, triggers: int) -> dict[str, list[str]]:
     """The three programs as a user runs them, each writing under ``work/cli-<name>``."""
     tw = _tickwheel_command()
@@ -95,8 +103,8 @@ def cli_comparison(args: argparse.Namespace) -> int:
     stream_stdout = ""
     for attempt in range(args.cli_repeat):
         for name, command in commands.items():
-            for old in work.glob("cli-[rsp][ute]*"):  # run, stream*, peer*: fresh outputs
-                shutil.rmtree(old, ignore_errors=True)
+            for old in work.glob(f"{OUTPUTS[name]}*"):  # its output and checkpoint
+                shutil.rmtree(old)
             started = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             times[name].append(time.perf_counter() - started)

@@ -45,6 +45,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
 # The tickwheel names these peers use (the lead is moving the pipeline's
 # modules: re-point them here).
 from tickwheel.pipeline.events import INT_PATTERN, ISO_PATTERN
@@ -145,11 +147,6 @@ class OneOpRule:
 
 
 # ----------------------------------------------------------------------------- the processors
-
-try:  # transformWithState's API; absent before Spark 4.0
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-except ImportError:  # pragma: no cover - the dev extra pins Spark 4.3
-    StatefulProcessor = object  # type: ignore[assignment,misc]
 
 
 def _frame_events(frames: Iterable[Any]) -> list[tuple[int, int, str, str]]:

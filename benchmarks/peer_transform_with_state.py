@@ -82,10 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     spark = _session(args.master, args.partitions)
     peers.ship_to_workers()
     per_trigger = peers.files_per_trigger(args.input, args.triggers)
+    log = peers.ProgressLog(spark)
     secs = peers.run_peer(spark, args.api, args.input, args.output, args.checkpoint,
                           rules.rules[0], rules.input.allowed_lateness_ms, per_trigger)  # fmt: skip
+    batches = [batch["ms"] / 1e3 for batch in log.wait()]
     counts = spark.read.parquet(str(args.output)).groupBy("outcome").count().collect()
-    print(f"{args.api}: query {secs:.1f}s, with the session {time.perf_counter() - started:.1f}s; "
+    print(f"{args.api}: {len(batches)} micro-batches in {secs:.1f}s (each "
+          + " ".join(f"{s:.1f}" for s in batches)
+          + f"), {time.perf_counter() - started:.1f}s with the session; outcomes "
           + ", ".join(f"{row[0]} {row[1]:,}" for row in sorted(counts)))  # fmt: skip
     spark.stop()
     return 0
