@@ -1,7 +1,8 @@
 """The stream against the batch job and against Spark's own stateful APIs, in one process.
 
-Measured in one process, on one SparkSession (``local[2]``), the same generated
-orders fed as K increments (files, one micro-batch each), the same rule:
+Measured in one process, on one SparkContext (``local[2]``, 2 shuffle
+partitions), the same generated orders fed as K increments (files, one
+micro-batch each), the same rule:
 
 (a) the batch job (``tickwheel pipeline run``) over all the data, at N;
 (b) the stream (``tickwheel pipeline stream``, available-now, one file per
@@ -10,8 +11,11 @@ orders fed as K increments (files, one micro-batch each), the same rule:
     thousand or so events/s), the stream again, then Spark's stateful peers
     (see ``benchmarks/_stream_peers.py``), each over the same files on the same
     schedule, tuned as their documentation advises (RocksDB state store with
-    changelog checkpointing, shuffle partitions = cores), each checked equal to
-    the stream's outcomes on the keys where their semantics must agree:
+    changelog checkpointing, shuffle partitions = cores: a child session of
+    the stream's, ``_stream_peers.peer_session``, as the state store is a SQL
+    setting), each checked equal to the stream's outcomes on the keys where
+    their semantics must agree; their rows give peer seconds / stream seconds,
+    which is the stream's events/s / the peer's:
 
     * ``transformWithStateInPandas`` (Spark 4.0), event-time timers;
     * ``transformWithState`` (row-based, Spark 4.1), event-time timers;
@@ -205,6 +209,9 @@ class _Bench:
     rows: list[_Row] = field(default_factory=list)
     targets: list[_Target] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    memory: list[dict[str, float]] = field(default_factory=list)  # the best stream run's
+    big: tuple[int, int, float, float] | None = None  # (a), (b): orders, records, seconds
+    aip: tuple[int, float] | None = None  # applyInPandasWithState: orders, events/s
 
     def __post_init__(self) -> None:
         self.rules: Rules = load_rules(self.rules_path)
@@ -366,9 +373,9 @@ class _Bench:
               "batches: with data (+ without: the watermark's last move)")  # fmt: skip
         for line in self.lines:
             print(line)
-        if getattr(self, "memory", None):
+        if self.memory:
             print_memory(self.memory)
-        if getattr(self, "big", None) and getattr(self, "aip", None):
+        if self.big and self.aip:
             n, records, batch_s, stream_s = self.big
             for name, secs in (("batch", batch_s), ("stream", stream_s)):
                 ratio = records / secs / self.aip[1]
