@@ -41,10 +41,11 @@ disk (the checkpoint's Parquet state); and the memory after each increment.
 
 Seconds exclude the SparkSession start, the data generation and an untimed
 warm-up of every job on 1,000 orders (``--no-warm-up`` skips it). (a), (b),
-the stream at the peers' N and the floors run ``--repeat`` times each, with
-fresh outputs and checkpoints; the table gives each job's best run (the JVM's
-JIT warm) and its first. Each peer runs once: it takes minutes, so its JIT is
-warm for most of its run.
+the stream at the peers' N and the floors run ``--repeat`` times each (at
+the peers' N, once more after each peer), with fresh outputs and
+checkpoints; the table gives each job's best run (the JVM's JIT warm) and
+its first. Each peer runs once: it takes minutes, so its JIT is warm for most
+of its run.
 
 ``--cli`` measures instead as a user runs them, one process (one JVM) each:
 ``tickwheel pipeline run``, ``tickwheel pipeline stream
@@ -301,39 +302,64 @@ class _Bench:
         self.big = (n, records, min(batch_runs), min(stream_runs))
 
     def peers_at(self, n: int) -> None:
-        """(c) at ``n``: the stream, the floors, then each peer once, checked."""
+        """(c) at ``n``: the stream and the floors, then each peer once, checked.
+
+        A stream run and a floor run follow each peer, and the peer's ratios
+        use the better of the runs just before and just after it: the load of
+        a shared machine moves within minutes, and a peer runs for minutes.
+        """
         k = self.args.increments
         inp, records = self.workload(n, "peers")
         stream_runs: list[float] = []
         floor_runs: list[float] = []
         skeleton_runs: list[float] = []
-        for _attempt in range(self.args.repeat):
+
+        def tickwheel_round() -> tuple[dict[str, Any], dict[str, Any]]:
             secs, summary, outs = self.stream(inp, "peers")
             stream_runs.append(secs)
             floor_runs.append(self.floor(inp, "peers")[0])
+            return summary, outs
+
+        for _attempt in range(self.args.repeat):
+            summary, outs = tickwheel_round()
             skeleton_runs.append(_stream_skeleton(self.spark, inp, self.work, self.args.partitions))
         expected = peers.comparable_outcomes(outs, summary["watermark"])
+        peer_rows = []
+        for name in self.args.peers:
+            secs, out, progress = self.peer(name, inp, "peers")
+            check = peers.check_peer(name, self.peer_spark, out, expected)  # exits if unequal
+            peer_rows.append(_Row(name, n, records, [secs], _batches(progress), check))
+            tickwheel_round()
+            self._peer_targets(name, n, secs, min(stream_runs[-2:]), min(floor_runs[-2:]))
+            if name == "applyInPandasWithState":
+                self.aip = (n, records / secs)
         self.measured(_Row(f"stream, {k} micro-batches", n, records, stream_runs, str(k),
                            f"the reference: {len(expected):,} comparable keys"))  # fmt: skip
         self.measured(_Row("floor: foreachBatch, 1 Parquet file", n, records, floor_runs, str(k),
                            "no outputs: the least a micro-batch costs"))  # fmt: skip
         self.measured(_Row("stream skeleton (floor)", n, records, skeleton_runs, str(k),
                            "no outputs: state carried, dedup, by key"))  # fmt: skip
-        stream_s, floor_s = min(stream_runs), min(floor_runs)
-        for name in self.args.peers:
-            secs, out, progress = self.peer(name, inp, "peers")
-            check = peers.check_peer(name, self.peer_spark, out, expected)  # exits if unequal
-            self.measured(_Row(name, n, records, [secs], _batches(progress), check))
-            api = f"{name} (row API)" if name == "transformWithState" else name
-            ratio, stateful = secs / stream_s, name != "applyInPandasWithState"
-            self.targets.append(_Target(
-                f"stream vs {api}, events/s, {sci(n)} in {k} triggers each", ratio, "x",
-                ">= 20x" if stateful else "(report)", ratio >= 20 if stateful else None,
-            ))  # fmt: skip
-            self.targets.append(_Target(f"  floor vs {api}: the most any stream can reach",
-                                        secs / floor_s, "x", "(floor)"))  # fmt: skip
-            if name == "applyInPandasWithState":
-                self.aip = (n, records / secs)
+        for row in peer_rows:
+            self.measured(row)
+
+    def _peer_targets(
+        self, name: str, n: int, secs: float, stream_s: float, floor_s: float
+    ) -> None:
+        """The target rows of peer ``name``: against the stream, and against the floor."""
+        k = self.args.increments
+        api = f"{name} (row API)" if name == "transformWithState" else name
+        ratio, stateful = secs / stream_s, name != "applyInPandasWithState"
+        self.targets.append(_Target(
+            f"stream vs {api}, events/s, {sci(n)} in {k} triggers each", ratio, "x",
+            ">= 20x" if stateful else "(report)", ratio >= 20 if stateful else None,
+        ))  # fmt: skip
+        self.targets.append(_Target(f"  floor vs {api}: the most any stream can reach",
+                                    secs / floor_s, "x", "(floor)"))  # fmt: skip
+        print(
+            f"{name}: {secs:.1f}s; the stream around it {stream_s:.1f}s, the floor "
+            f"{floor_s:.1f}s (the better of the runs just before and after)",
+            flush=True,
+        )
 
     def fixed_cost(self) -> None:
         """(d): a warm micro-batch of about ``--fixed-records`` records, stream and floor."""
