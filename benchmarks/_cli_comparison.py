@@ -112,6 +112,8 @@ def cli_comparison(args: argparse.Namespace) -> int:
                 print(f"{name} failed ({done.returncode}):\n{done.stderr[-4000:]}", file=sys.stderr)
                 return 1
             stream_stdout = done.stdout if name == "pipeline stream" else stream_stdout
+            if name == "transformWithStateInPandas":  # its micro-batches' times
+                print(done.stdout.strip().splitlines()[-1], flush=True)
             print(f"round {attempt + 1}: {name}: {times[name][-1]:.1f}s", flush=True)
     check = _cli_check(work, stream_stdout)
     print(f"\n{sci(n)} orders in {k} files, one process each; seconds from start to exit "
