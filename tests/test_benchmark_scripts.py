@@ -104,6 +104,8 @@ def test_stream_peer_scripts_name_bad_arguments(tmp_path: Path) -> None:
     assert "--peer-orders must be >= 0" in err
     err = _refused("bench_pipeline_incremental.py", "--peers", "mapGroupsWithState")
     assert "invalid choice: 'mapGroupsWithState'" in err
+    err = _refused("bench_pipeline.py", "--incremental", "--fixed-records", "-5")
+    assert "--fixed-records must be >= 0, got -5" in err  # passed on to the incremental bench
     missing = tmp_path / "absent"
     err = _refused(
         "peer_transform_with_state.py",
