@@ -27,13 +27,8 @@ import time
 from pathlib import Path
 
 import _stream_peers as peers
+from _pipeline_names import create_session, make_sink, read_stream_outputs
 from _stream_inputs import feed, lateness_rules, sci
-
-# The tickwheel names used here (the lead is moving the pipeline's modules:
-# re-point them here).
-from tickwheel.pipeline.sinks import make_sink
-from tickwheel.pipeline.spark_job import create_session
-from tickwheel.pipeline.stream import read_stream_outputs
 
 
 def _tickwheel_command() -> list[str]:

@@ -45,12 +45,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from _pipeline_names import INT_PATTERN, ISO_PATTERN, Rule
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-
-# The tickwheel names these peers use (the lead is moving the pipeline's
-# modules: re-point them here).
-from tickwheel.pipeline.events import INT_PATTERN, ISO_PATTERN
-from tickwheel.pipeline.rules import Rule
 
 __all__ = [
     "EMPTY", "OUTCOME_FIELDS", "PEERS", "PEER_CONF", "OneOpRule", "PandasOrderProcessor",

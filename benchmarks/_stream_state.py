@@ -14,10 +14,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-# The tickwheel names used here (the lead is moving the pipeline's modules:
-# re-point them here).
-from tickwheel.pipeline.core import Event, PartitionProcessor
-from tickwheel.pipeline.rules import Rule
+from _pipeline_names import Event, PartitionProcessor, Rule
 
 
 def _status_mb(pid: int, field: str) -> float:

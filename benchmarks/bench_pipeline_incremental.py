@@ -74,6 +74,17 @@ from typing import Any
 
 import _stream_peers as peers
 from _cli_comparison import cli_comparison
+from _pipeline_names import (
+    Rule,
+    Rules,
+    StreamConfig,
+    StreamJob,
+    create_session,
+    generate_orders,
+    load_rules,
+    read_stream_outputs,
+    run_job,
+)
 from _stream_inputs import count_records, feed, lateness_rules, sci
 from _stream_state import (
     parquet_bytes_per_pending,
@@ -82,13 +93,6 @@ from _stream_state import (
     state_bytes_per_pending,
     state_line,
 )
-
-# The tickwheel names this benchmark uses (the lead is moving the pipeline's
-# modules: re-point them here).
-from tickwheel.pipeline.generate import generate_orders
-from tickwheel.pipeline.rules import Rule, Rules, load_rules
-from tickwheel.pipeline.spark_job import create_session, run_job
-from tickwheel.pipeline.stream import StreamConfig, StreamJob, read_stream_outputs
 
 #: Records per generated order (1.83 measured): sizes the fixed-cost workload.
 RECORDS_PER_ORDER = 1.83

@@ -29,10 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import _stream_peers as peers
-
-# The tickwheel names used here (the lead is moving the pipeline's modules:
-# re-point them here).
-from tickwheel.pipeline.rules import load_rules
+from _pipeline_names import load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 
