@@ -8,7 +8,7 @@ micro-batch each), the same rule:
 (b) the stream (``tickwheel pipeline stream``, available-now, one file per
     micro-batch, state carried), at N; its outcomes are checked equal to (a)'s;
 (c) at a smaller N (``--peer-orders``, 1e5 by default: the peers run at a
-    thousand or so events/s), the stream again, then Spark's stateful peers
+    few thousand events/s), the stream again, then Spark's stateful peers
     (see ``benchmarks/_stream_peers.py``), each over the same files on the same
     schedule, tuned as their documentation advises (RocksDB state store with
     changelog checkpointing, shuffle partitions = cores: a child session of
