@@ -349,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = importlib.util.spec_from_file_location("bench_pipeline_incremental", script)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # as an import does (its dataclasses look it up)
         spec.loader.exec_module(module)
         result: int = module.main(rest)
         return result

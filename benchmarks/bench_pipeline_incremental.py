@@ -1,36 +1,62 @@
-"""Incremental pipeline: N orders as K increments vs one batch run vs applyInPandasWithState.
+"""The stream against the batch job and against Spark's own stateful APIs, in one process.
 
-Measured in one process, on one SparkSession (``local[2]``):
+Measured in one process, on one SparkContext (``local[2]``, 2 shuffle
+partitions), the same generated orders fed as K increments (files, one
+micro-batch each), the same rule:
 
-(a) the batch job (``tickwheel pipeline run``) over all the data;
-(b) the incremental job (``tickwheel pipeline stream``), the same data fed as K
-    increments, one micro-batch each, state carried across them; its final
-    outcomes are checked equal to (a)'s first;
-(c) Spark's ``applyInPandasWithState`` with ``EventTimeTimeout`` over the same
-    increments (at a smaller N: it runs at about a thousand events/s), next to
-    (b) at that N, and next to a *stream skeleton* (a floor, not an answer):
-    the least a correct incremental job does per micro-batch, done as cheaply
-    as Spark allows: the JSON file source with a schema (no validation), the
-    carried state read back, ``dropDuplicates`` by event id over both (the
-    issue dedups ids across batches, and copies of one id may carry different
-    keys, so this is its own shuffle), one shuffle by key into an identity
-    ``mapInArrow``, and two writes (results and next state). No outputs of
-    the real job's kinds, no commit protocol. Its time caps the ratio any
-    such job can reach against applyInPandasWithState.
+(a) the batch job (``tickwheel pipeline run``) over all the data, at N;
+(b) the stream (``tickwheel pipeline stream``, available-now, one file per
+    micro-batch, state carried), at N; its outcomes are checked equal to (a)'s;
+(c) at a smaller N (``--peer-orders``, 1e5 by default: the peers run at a
+    few thousand events/s), the stream again, then Spark's stateful peers
+    (see ``benchmarks/_stream_peers.py``), each over the same files on the same
+    schedule, tuned as their documentation advises (RocksDB state store with
+    changelog checkpointing, shuffle partitions = cores: a child session of
+    the stream's, ``_stream_peers.peer_session``, as the state store is a SQL
+    setting), each checked equal to the stream's outcomes on the keys where
+    their semantics must agree; their rows give peer seconds / stream seconds,
+    which is the stream's events/s / the peer's:
 
-Also measures the carried state's size per pending operation: in the driver's
-Python heap (tracemalloc over a processor holding only pending operations) and
-on disk (the checkpoint's Parquet state).
+    * ``transformWithStateInPandas`` (Spark 4.0), event-time timers;
+    * ``transformWithState`` (row-based, Spark 4.1), event-time timers;
+    * ``applyInPandasWithState`` (Spark 3.4), ``EventTimeTimeout``;
 
-Run: ``.venv/bin/python benchmarks/bench_pipeline_incremental.py`` (defaults:
-1e6 orders as 10 increments; applyInPandasWithState at 1e5). Seconds exclude
-the SparkSession start, the data generation and an untimed warm-up of both
-streaming jobs on 1,000 orders (``--no-warm-up`` skips it). (a) and (b) run
-``--repeat`` times each, alternately, with fresh outputs and checkpoints, and
-each incremental run is checked against the batch job; (c)'s incremental run
-is repeated too. The table gives each job's best run (the JVM's JIT warm) and
-its first. applyInPandasWithState runs once: it takes minutes, so its JIT is
-warm for most of its run.
+    and two floors: the *floor* of a micro-batch (a ``foreachBatch`` over the
+    same source that writes one Parquet file per micro-batch, nothing else),
+    and the *stream skeleton*, the least a correct incremental job does per
+    micro-batch, done as cheaply as Spark allows: the JSON file source with a
+    schema (no validation), the carried state read back, ``dropDuplicates``
+    by event id over both (copies of one id may carry different keys, so this
+    is its own shuffle), one shuffle by key into an identity ``mapInArrow``,
+    and two writes (results and next state). No outputs of the real job's
+    kinds, no commit protocol;
+(d) the fixed cost of a micro-batch: the stream and the floor over K files of
+    about ``--fixed-records`` records each, the median time of a warm
+    micro-batch (Spark's ``triggerExecution``, from the query listener, the
+    first micro-batch of each run left out).
+
+Also the carried state's size per pending operation: in the driver's Python
+heap (tracemalloc over a processor holding only pending operations) and on
+disk (the checkpoint's Parquet state); and the memory after each increment.
+
+Seconds exclude the SparkSession start, the data generation and an untimed
+warm-up of every job on 1,000 orders (``--no-warm-up`` skips it). (a), (b),
+the stream at the peers' N and the floors run ``--repeat`` times each (at
+the peers' N, once more after each peer), with fresh outputs and
+checkpoints; the table gives each job's best run (the JVM's JIT warm) and
+its first. Each peer runs once: it takes minutes, so its JIT is warm for most
+of its run.
+
+``--cli`` measures instead as a user runs them, one process (one JVM) each:
+``tickwheel pipeline run``, ``tickwheel pipeline stream
+--max-files-per-trigger 1`` and ``benchmarks/peer_transform_with_state.py``
+over the same generated files (see :func:`cli_comparison`).
+
+Run::
+
+    .venv/bin/python benchmarks/bench_pipeline_incremental.py --repeat 3
+    .venv/bin/python benchmarks/bench_pipeline_incremental.py --orders 0   # the peers only
+    .venv/bin/python benchmarks/bench_pipeline_incremental.py --cli
 """
 
 from __future__ import annotations
@@ -38,36 +64,38 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
-import tracemalloc
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import _stream_peers as peers
+from _cli_comparison import cli_comparison
+from _pipeline_names import (
+    Rule,
+    Rules,
+    StreamConfig,
+    StreamJob,
+    create_session,
+    generate_orders,
+    load_rules,
+    read_stream_outputs,
+    run_job,
+)
+from _stream_inputs import count_records, feed, lateness_rules, sci
+from _stream_state import (
+    parquet_bytes_per_pending,
+    print_memory,
+    sample_memory_per_batch,
+    state_bytes_per_pending,
+    state_line,
+)
 
-
-def _rules(path: Path) -> Path:
-    text = (ROOT / "examples" / "orders.toml").read_text(encoding="utf-8")
-    path.write_text(text.replace('allowed_lateness = "0"', 'allowed_lateness = "3m"'))
-    return path
-
-
-def _feed(files: list[Path], dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for i, src in enumerate(files):
-        target = dest / src.name
-        shutil.copy(src, target)
-        os.utime(target, (1_700_000_000 + i, 1_700_000_000 + i))
-
-
-def _records(files: list[Path]) -> int:
-    n = 0
-    for f in files:
-        with f.open("rb") as fh:
-            n += sum(1 for line in fh if line.strip())
-    return n
+#: Records per generated order (1.83 measured): sizes the fixed-cost workload.
+RECORDS_PER_ORDER = 1.83
 
 
 def _incremental(
@@ -78,8 +106,6 @@ def _incremental(
     partitions: int,
     memory: list[dict[str, float]] | None = None,
 ) -> Any:
-    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
-
     cfg = StreamConfig(
         rules_path=str(rules),
         input=str(inp),
@@ -93,130 +119,12 @@ def _incremental(
     started = time.perf_counter()
     with StreamJob(cfg, spark=spark) as job:
         if memory is not None:
-            _sample_memory_per_batch(job, spark, memory)
+            sample_memory_per_batch(job, spark, memory)
         summary = job.run()
         seconds = time.perf_counter() - started
         assert job.sink is not None
         outs = read_stream_outputs(spark, job.sink, str(work / "ck"))
     return seconds, summary, outs
-
-
-def _status_mb(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _python_workers(jvm: int) -> list[int]:
-    """The JVM's Python daemon and workers (its child processes, and theirs)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, todo = [], [jvm]
-    while todo:
-        parent = todo.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent:
-                found.append(pid)
-                todo.append(pid)
-    return found
-
-
-def _sample_memory_per_batch(job: Any, spark: Any, memory: list[dict[str, float]]) -> None:
-    """After each micro-batch, record the JVM's and the Python workers' RSS and peak RSS."""
-    jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    inner = job._run_batch
-
-    def run_batch(batch_id: int, plan: Any) -> Any:
-        out = inner(batch_id, plan)
-        workers = [pid for pid in _python_workers(jvm) if Path(f"/proc/{pid}").exists()]
-        memory.append({
-            "jvm_rss": _status_mb(jvm, "VmRSS"), "jvm_peak": _status_mb(jvm, "VmHWM"),
-            "driver_peak": _status_mb(os.getpid(), "VmHWM"),
-            "worker_rss": max((_status_mb(p, "VmRSS") for p in workers), default=0.0),
-            "worker_peak": max((_status_mb(p, "VmHWM") for p in workers), default=0.0),
-        })  # fmt: skip
-        return out
-
-    job._run_batch = run_batch
-
-
-def _apply_in_pandas_with_state(spark: Any, inp: Path, work: Path, timeout_ms: int) -> float:
-    """The one-open/one-complete rule with applyInPandasWithState, as a stream."""
-    import pandas as pd
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    schema = "event_id string, order_id string, type string, ts string, seq long"
-    src = (
-        spark.readStream.schema(schema)
-        .option("maxFilesPerTrigger", "1")
-        .option("mode", "DROPMALFORMED")
-        .json(str(inp))
-    )
-    from tickwheel.pipeline.spark.records import ISO_PATTERN
-
-    ms = (
-        F.when(F.col("ts").rlike(r"^-?[0-9]+$"), F.col("ts").try_cast("long"))
-        .when(F.col("ts").rlike(ISO_PATTERN), F.unix_millis(F.col("ts").try_cast("timestamp")))
-        .alias("ms")
-    )
-    events = (
-        src.select("event_id", "order_id", "type", "seq", ms)
-        .where(F.col("ms").isNotNull() & F.col("order_id").isNotNull())
-        .withColumn("event_time", F.timestamp_millis("ms"))
-        .withWatermark("event_time", "3 minutes")
-        .dropDuplicatesWithinWatermark(["event_id"])
-    )
-
-    def step(key: Any, pdfs: Any, state: Any) -> Any:
-        out = []
-        if state.hasTimedOut:
-            if state.exists:  # a removed state can still carry its old timeout
-                (opened,) = state.get
-                out.append((key[0], "expired", opened, opened + timeout_ms))
-                state.remove()
-        else:
-            for pdf in pdfs:
-                for row in pdf.sort_values(["ms", "seq"]).itertuples(index=False):
-                    if row.type == "created":
-                        deadline = int(row.ms) + timeout_ms
-                        if deadline <= state.getCurrentWatermarkMs():  # due already
-                            out.append((key[0], "expired", int(row.ms), deadline))
-                            continue
-                        state.update((int(row.ms),))
-                        state.setTimeoutTimestamp(deadline)
-                    elif state.exists:
-                        (opened,) = state.get
-                        if row.type in ("paid", "cancelled") and row.ms < opened + timeout_ms:
-                            outcome = "completed" if row.type == "paid" else "cancelled"
-                            out.append((key[0], outcome, opened, int(row.ms)))
-                            state.remove()
-        yield pd.DataFrame(out, columns=["order_id", "outcome", "opened_at", "resolved_at"])
-
-    query = (
-        events.groupBy("order_id")
-        .applyInPandasWithState(
-            step,
-            "order_id string, outcome string, opened_at long, resolved_at long",
-            "opened long",
-            "append",
-            GroupStateTimeout.EventTimeTimeout,
-        )
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(work / "aip-ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    started = time.perf_counter()
-    query.awaitTermination()
-    return time.perf_counter() - started
 
 
 def _identity(batches: Any) -> Any:
@@ -262,242 +170,332 @@ def _stream_skeleton(spark: Any, inp: Path, work: Path, partitions: int) -> floa
     return time.perf_counter() - started
 
 
-def _state_bytes_per_pending(n: int = 100_000) -> float:
-    """Python heap bytes per pending operation in a processor (tracemalloc)."""
-    from tickwheel.pipeline.core import Event, PartitionProcessor
-    from tickwheel.pipeline.rules import Rule
-
-    rule = Rule("payment", "order_id", ("created",), ("paid",), ("cancelled",), 1_800_000)
-    events = [Event(0, f"o{i:08d}", 1_000 + i, 0, f"e{i:09d}", 0, "created") for i in range(n)]
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    proc = PartitionProcessor([rule])
-    proc.process(events)
-    after = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    assert len(proc.pending_operations()) == n
-    proc.close()
-    return (after - before) / n
+# ----------------------------------------------------------------------------- the runs
 
 
-def _parquet_bytes_per_pending(n: int = 100_000) -> float:
-    """Bytes per pending operation of the checkpoint's ``ops`` state, as Parquet (snappy).
+@dataclass
+class _Row:
+    """One job's line in the table: its runs' seconds and what its outputs were checked for."""
 
-    The rows are those the stream writes for pending operations (kind, rule,
-    key, op id, opened_at, deadline), for ``n`` generated orders' creations.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    t0 = 1_704_067_200_000
-    table = pa.table(
-        {
-            "kind": ["pending"] * n,
-            "rule": ["payment"] * n,
-            "key": [f"o{i:08d}" for i in range(n)],
-            "event_id": [f"e{2 * i:09d}" for i in range(n)],
-            "time": [t0 + 50 * i for i in range(n)],
-            "deadline": [t0 + 50 * i + 1_800_000 for i in range(n)],
-        }
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "ops.parquet")
-        pq.write_table(table, path, compression="snappy")
-        return os.path.getsize(path) / n
+    name: str
+    orders: int
+    records: int
+    runs: list[float]
+    batches: str
+    check: str = ""
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*.parquet"))
+@dataclass
+class _Target:
+    """One line of the targets table: a measured value beside the issue's target."""
+
+    name: str
+    value: float
+    unit: str  # "x" or "s"
+    target: str
+    ok: bool | None = None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print its table."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--orders", type=float, default=1e6, help="0: skip batch vs incremental")
-    parser.add_argument("--increments", type=int, default=10)
-    parser.add_argument("--aip-orders", type=float, default=1e5)
-    parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--skip-aip", action="store_true")
-    parser.add_argument("--workdir", default=None)
-    parser.add_argument("--no-warm-up", action="store_true", help="skip the untimed warm-up")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of (a) and (b)")
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error(f"--repeat must be >= 1, got {args.repeat}")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from tickwheel.pipeline.batch import run_job
-    from tickwheel.pipeline.generate import generate_orders
-    from tickwheel.pipeline.rules import load_rules
-    from tickwheel.pipeline.spark.session import create_session
+def _batches(progress: list[dict[str, Any]]) -> str:
+    """The micro-batches a query ran: with data, plus those without (watermark moves)."""
+    data = sum(1 for batch in progress if batch["rows"])
+    empty = len(progress) - data
+    return f"{data}+{empty}" if empty else str(data)
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-inc-"))
-    work.mkdir(parents=True, exist_ok=True)
-    rules_path = _rules(work / "rules.toml")
-    rules = load_rules(rules_path)
-    spark = create_session("local[2]", shuffle_partitions=args.partitions)
-    from pyspark.sql import functions as F
 
-    print(f"python {sys.version.split()[0]}, spark {spark.version}, local[2], work {work}")
-    table: list[tuple[str, int, list[float], int]] = []
+@dataclass
+class _Bench:
+    """One in-process run: the session, the workloads, and what was measured."""
 
-    def measured(name: str, recs: int, runs: list[float], orders: int) -> None:
-        table.append((name, recs, runs, orders))
+    args: argparse.Namespace
+    work: Path
+    spark: Any
+    rules_path: Path
+    rows: list[_Row] = field(default_factory=list)
+    targets: list[_Target] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    memory: list[dict[str, float]] = field(default_factory=list)  # the best stream run's
+    big: tuple[int, int, float, float] | None = None  # (a), (b): orders, records, seconds
+    aip: tuple[int, float] | None = None  # applyInPandasWithState: orders, events/s
+
+    def __post_init__(self) -> None:
+        self.rules: Rules = load_rules(self.rules_path)
+        self.rule: Rule = self.rules.rules[0]
+        self.peer_spark = peers.peer_session(self.spark)
+        self.log = peers.ProgressLog(self.spark)
+        self.peer_log = peers.ProgressLog(self.peer_spark)
+
+    def workload(self, n: int, tag: str, files: int | None = None) -> tuple[Path, int]:
+        """``n`` generated orders as ``files`` arrival-ordered files; the input dir, records."""
+        gen = self.work / f"gen-{tag}"
+        generate_orders(n, gen, seed=1, files=files or self.args.increments)
+        paths = sorted(gen.glob("part-*.jsonl"))
+        feed(paths, self.work / f"in-{tag}")
+        return self.work / f"in-{tag}", count_records(paths)
+
+    def measured(self, row: _Row) -> None:
+        self.rows.append(row)
+        print(f"measured: {row.name}: {row.orders:,} orders, {row.records:,} records, "
+              + ", ".join(f"{secs:.1f}" for secs in row.runs) + " s", flush=True)  # fmt: skip
+
+    def stream(self, inp: Path, tag: str, memory: list[dict[str, float]] | None = None) -> Any:
+        """tickwheel's stream over ``inp`` from a fresh checkpoint: seconds, summary, outputs."""
+        shutil.rmtree(self.work / f"inc-{tag}", ignore_errors=True)
+        return _incremental(self.spark, self.rules_path, inp, self.work / f"inc-{tag}",
+                            self.args.partitions, memory)  # fmt: skip
+
+    def floor(self, inp: Path, tag: str) -> tuple[float, list[dict[str, Any]]]:
+        """The floor of a micro-batch over ``inp``: seconds and its micro-batches' progress."""
+        self.log.reset()
+        secs = peers.floor_query(self.spark, inp, self.work / f"floor-{tag}",
+                                 self.work / f"floor-ck-{tag}")  # fmt: skip
+        return secs, self.log.wait()
+
+    def peer(self, name: str, inp: Path, tag: str) -> tuple[float, Path, list[dict[str, Any]]]:
+        """Peer ``name`` over ``inp``: seconds, its outcomes' directory, its progress."""
+        out = self.work / f"peer-{name}-{tag}"
+        self.peer_log.reset()
+        secs = peers.run_peer(self.peer_spark, name, inp, out, self.work / f"peer-ck-{name}-{tag}",
+                              self.rule, self.rules.input.allowed_lateness_ms)  # fmt: skip
+        return secs, out, self.peer_log.wait()
+
+    def warm_up(self) -> None:
+        """Run every job once on 1,000 orders, untimed: class loading, code generation."""
+        started = time.perf_counter()
+        inp, _ = self.workload(1_000, "warm", files=2)
+        self.stream(inp, "warm")
+        self.floor(inp, "warm")
+        for name in self.args.peers:
+            self.peer(name, inp, "warm")
+        print(f"warm-up: {time.perf_counter() - started:.1f}s (not counted)", flush=True)
+
+    def batch_vs_stream(self, n: int) -> None:
+        """(a) and (b) at ``n``, alternately; each stream run checked equal to its batch run."""
+        inp, records = self.workload(n, "big")
+        batch_runs: list[float] = []
+        stream_runs: list[float] = []
+        for attempt in range(self.args.repeat):
+            batch_out = self.work / f"batch-big-{attempt}"
+            started = time.perf_counter()
+            run_job(self.spark, self.rules, str(self.work / "gen-big"), str(batch_out),
+                    partitions=self.args.partitions)  # fmt: skip
+            batch_runs.append(time.perf_counter() - started)
+            memory: list[dict[str, float]] = []
+            secs, _summary, outs = self.stream(inp, "big", memory)
+            if not stream_runs or secs < min(stream_runs):
+                self.memory = memory
+            stream_runs.append(secs)
+            checked = _check_against_batch(self.spark, batch_out, outs)
+            print(
+                f"run {attempt + 1}: batch {batch_runs[-1]:.1f}s, stream {secs:.1f}s; "
+                f"checked: stream outcomes == batch outcomes ({checked:,} rows)",
+                flush=True,
+            )
+            shutil.rmtree(batch_out, ignore_errors=True)
+        k = self.args.increments
+        self.measured(_Row("batch job", n, records, batch_runs, "-", "the reference"))
+        self.measured(_Row(f"stream, {k} micro-batches", n, records, stream_runs, str(k),
+                           "equal to the batch job"))  # fmt: skip
+        self.lines.append(state_line(self.spark, self.work / "inc-big"))
+        ratio = min(stream_runs) / min(batch_runs)
+        bound = {100_000: 1.8, 1_000_000: 1.3}.get(n)
+        self.targets.append(_Target(
+            f"stream, {sci(n)} orders in {k} micro-batches, vs the batch job", ratio, "x",
+            f"<= {bound}x" if bound else "(report)", None if bound is None else ratio <= bound,
+        ))  # fmt: skip
+        self.big = (n, records, min(batch_runs), min(stream_runs))
+
+    def peers_at(self, n: int) -> None:
+        """(c) at ``n``: the stream and the floors, then each peer once, checked.
+
+        A stream run and a floor run follow each peer, and the peer's ratios
+        use the better of the runs just before and just after it: the load of
+        a shared machine moves within minutes, and a peer runs for minutes.
+        """
+        k = self.args.increments
+        inp, records = self.workload(n, "peers")
+        stream_runs: list[float] = []
+        floor_runs: list[float] = []
+        skeleton_runs: list[float] = []
+
+        def tickwheel_round() -> tuple[dict[str, Any], dict[str, Any]]:
+            secs, summary, outs = self.stream(inp, "peers")
+            stream_runs.append(secs)
+            floor_runs.append(self.floor(inp, "peers")[0])
+            return summary, outs
+
+        for _attempt in range(self.args.repeat):
+            summary, outs = tickwheel_round()
+            skeleton_runs.append(_stream_skeleton(self.spark, inp, self.work, self.args.partitions))
+        expected = peers.comparable_outcomes(outs, summary["watermark"])
+        peer_rows = []
+        for name in self.args.peers:
+            secs, out, progress = self.peer(name, inp, "peers")
+            check = peers.check_peer(name, self.peer_spark, out, expected)  # exits if unequal
+            peer_rows.append(_Row(name, n, records, [secs], _batches(progress), check))
+            tickwheel_round()
+            self._peer_targets(name, n, secs, min(stream_runs[-2:]), min(floor_runs[-2:]))
+            if name == "applyInPandasWithState":
+                self.aip = (n, records / secs)
+        self.measured(_Row(f"stream, {k} micro-batches", n, records, stream_runs, str(k),
+                           f"the reference: {len(expected):,} comparable keys"))  # fmt: skip
+        self.measured(_Row("floor: foreachBatch, 1 Parquet file", n, records, floor_runs, str(k),
+                           "no outputs: the least a micro-batch costs"))  # fmt: skip
+        self.measured(_Row("stream skeleton (floor)", n, records, skeleton_runs, str(k),
+                           "no outputs: state carried, dedup, by key"))  # fmt: skip
+        for row in peer_rows:
+            self.measured(row)
+
+    def _peer_targets(
+        self, name: str, n: int, secs: float, stream_s: float, floor_s: float
+    ) -> None:
+        """The target rows of peer ``name``: against the stream, and against the floor."""
+        k = self.args.increments
+        api = f"{name} (row API)" if name == "transformWithState" else name
+        ratio, stateful = secs / stream_s, name != "applyInPandasWithState"
+        self.targets.append(_Target(
+            f"stream vs {api}, events/s, {sci(n)} in {k} triggers each", ratio, "x",
+            ">= 20x" if stateful else "(report)", ratio >= 20 if stateful else None,
+        ))  # fmt: skip
+        self.targets.append(_Target(f"  floor vs {api}: the most any stream can reach",
+                                    secs / floor_s, "x", "(floor)"))  # fmt: skip
         print(
-            f"measured: {name}: {orders:,} orders, {recs:,} records, "
-            + ", ".join(f"{secs:.1f}" for secs in runs)
-            + " s",
+            f"{name}: {secs:.1f}s; the stream around it {stream_s:.1f}s, the floor "
+            f"{floor_s:.1f}s (the better of the runs just before and after)",
             flush=True,
         )
 
-    cols = [
-        "rule", "key", "op_id", "opened_at", "deadline", "outcome", "resolved_at",
-        "latency_ms", "resolve_event_id",
-    ]  # fmt: skip
+    def fixed_cost(self) -> None:
+        """(d): a warm micro-batch of about ``--fixed-records`` records, stream and floor."""
+        k = self.args.increments
+        n = max(1, round(self.args.fixed_records * k / RECORDS_PER_ORDER))
+        inp, records = self.workload(n, "fixed")
+        stream_ms: list[float] = []
+        floor_ms: list[float] = []
+        for _attempt in range(self.args.repeat):
+            self.log.reset()
+            self.stream(inp, "fixed")
+            stream_ms += [batch["ms"] for batch in self.log.wait()[1:] if batch["rows"]]
+            floor_ms += [batch["ms"] for batch in self.floor(inp, "fixed")[1][1:] if batch["rows"]]
+        stream_s, floor_s = statistics.median(stream_ms) / 1e3, statistics.median(floor_ms) / 1e3
+        label = f"fixed cost of a micro-batch of {records // k:,} records, warm"
+        self.targets.append(_Target(f"{label}: stream", stream_s, "s", "<= 0.5 s", stream_s <= 0.5))
+        self.targets.append(_Target(f"{label}: floor", floor_s, "s", "(floor)"))
+        self.lines.append(
+            f"fixed cost: {n:,} orders = {records:,} records in {k} files; the median of "
+            f"{len(stream_ms)} warm micro-batches (Spark's triggerExecution, each run's first "
+            f"left out): stream {stream_s:.2f} s (min {min(stream_ms) / 1e3:.2f}), floor "
+            f"{floor_s:.2f} s (min {min(floor_ms) / 1e3:.2f})"
+        )
 
-    def workload(n: int, tag: str) -> tuple[list[Path], int]:
-        gen = work / f"gen-{tag}"
-        generate_orders(n, gen, seed=1, files=args.increments)
-        files = sorted(gen.glob("part-*.jsonl"))
-        return files, _records(files)
-
-    if not args.no_warm_up:
-        # Warm the JVM (class loading, code generation) for the jobs measured
-        # below, untimed, as bench_pipeline.py does for the batch jobs.
-        started = time.perf_counter()
-        generate_orders(1_000, work / "gen-warm", seed=2, files=2)
-        _feed(sorted((work / "gen-warm").glob("part-*.jsonl")), work / "in-warm")
-        _incremental(spark, rules_path, work / "in-warm", work / "inc-warm", args.partitions)
-        if not args.skip_aip:
-            _apply_in_pandas_with_state(
-                spark, work / "in-warm", work / "warm", rules.rules[0].timeout_ms
-            )
-        print(f"warm-up: {time.perf_counter() - started:.1f}s (not counted)", flush=True)
-
-    # (a) batch and (b) incremental at N
-    n = int(args.orders)
-    state_line = None
-    if n > 0:
-        files, records = workload(n, "big")
-        _feed(files, work / "in-big")
-        batch_runs: list[float] = []
-        inc_runs: list[float] = []
-        best_memory: list[dict[str, float]] = []
-        for attempt in range(args.repeat):
-            batch_out = work / f"batch-big-{attempt}"
-            started = time.perf_counter()
-            run_job(spark, rules, str(work / "gen-big"), str(batch_out), partitions=args.partitions)
-            batch_runs.append(time.perf_counter() - started)
-            shutil.rmtree(work / "inc-big", ignore_errors=True)
-            memory: list[dict[str, float]] = []
-            inc_s, _summary, outs = _incremental(
-                spark, rules_path, work / "in-big", work / "inc-big", args.partitions, memory
-            )
-            if not inc_runs or inc_s < min(inc_runs):
-                best_memory = memory
-            inc_runs.append(inc_s)
-            batch_outcomes = spark.read.parquet(str(batch_out / "outcomes")).select(*cols)
-            inc_outcomes = outs["outcomes"].select(*cols)
-            diff = (
-                batch_outcomes.exceptAll(inc_outcomes).count()
-                + inc_outcomes.exceptAll(batch_outcomes).count()
-            )
-            if diff:
-                print(f"MISMATCH: {diff} outcome rows differ between batch and incremental")
-                return 1
+    def report(self) -> None:
+        """Print the runs, the memory, and the targets."""
+        print(f"\n{'run':38} {'orders':>9} {'records':>9} {'batches':>7} {'seconds':>8} "
+              f"{'first s':>8} {'s/batch':>8} {'events/s':>9}  check")  # fmt: skip
+        for row in self.rows:
+            best = min(row.runs)
+            per = f"{best / int(row.batches.split('+')[0]):.2f}" if row.batches != "-" else ""
             print(
-                f"run {attempt + 1}: batch {batch_runs[-1]:.1f}s, incremental {inc_s:.1f}s; "
-                "checked: incremental outcomes == batch outcomes "
-                f"({batch_outcomes.count():,} rows)",
-                flush=True,
+                f"{row.name:38} {row.orders:>9,} {row.records:>9,} {row.batches:>7} {best:>8.1f} "
+                f"{row.runs[0]:>8.1f} {per:>8} {row.records / best:>9,.0f}  {row.check}"
             )
-            if attempt:
-                shutil.rmtree(batch_out, ignore_errors=True)
-        measured("batch job, 1 run", records, batch_runs, n)
-        measured(f"incremental, {args.increments} increments", records, inc_runs, n)
-        batch_s, inc_s = min(batch_runs), min(inc_runs)
-        ck_state = work / "inc-big" / "ck" / "tickwheel" / "state"
-        last = sorted(ck_state.iterdir(), key=lambda p: int(p.name))[-1]
-        pending = spark.read.parquet(str(last / "ops")).where(F.col("kind") == "pending").count()
-        ops_bytes = _dir_bytes(last / "ops")
-        ops_rows = spark.read.parquet(str(last / "ops")).count()
-        state_line = (
-            f"state: {pending:,} pending ops at the end; ops state {ops_rows:,} rows, "
-            f"{ops_bytes:,} B Parquet ({ops_bytes / max(ops_rows, 1):.1f} B/row)"
-        )
+        print(f"seconds: best of {self.args.repeat} runs (each peer: 1 run); first s: the first; "
+              "batches: with data (+ without: the watermark's last move)")  # fmt: skip
+        for line in self.lines:
+            print(line)
+        if self.memory:
+            print_memory(self.memory)
+        if self.big and self.aip:
+            n, records, batch_s, stream_s = self.big
+            for name, secs in (("batch", batch_s), ("stream", stream_s)):
+                ratio = records / secs / self.aip[1]
+                self.targets.append(_Target(
+                    f"{name} events/s at {sci(n)} vs applyInPandasWithState at {sci(self.aip[0])}",
+                    ratio, "x", ">= 100x", ratio >= 100))  # fmt: skip
+        print(f"\n{'target':76} {'measured':>9} {'target':>9}  verdict")
+        for t in self.targets:
+            verdict = "" if t.ok is None else ("met" if t.ok else "NOT met")
+            value = f"{t.value:.2f}{t.unit}"
+            print(f"{t.name:76} {value:>9} {t.target:>9}  {verdict}")
+        print(f"driver heap: {state_bytes_per_pending():.0f} B per pending operation "
+              "(tracemalloc, 100k ops)")  # fmt: skip
+        print(f"checkpoint: {parquet_bytes_per_pending():.1f} B per pending operation "
+              "(ops state as Parquet, snappy, 100k ops)")  # fmt: skip
 
-    # (c) applyInPandasWithState vs incremental at the smaller N
-    aip_n = int(args.aip_orders)
-    if not args.skip_aip:
-        files_s, records_s = workload(aip_n, "small")
-        _feed(files_s, work / "in-small")
-        small_runs: list[float] = []
-        for _attempt in range(args.repeat):
-            shutil.rmtree(work / "inc-small", ignore_errors=True)
-            secs, _, _ = _incremental(
-                spark, rules_path, work / "in-small", work / "inc-small", args.partitions
-            )
-            small_runs.append(secs)
-        measured(f"incremental, {args.increments} increments", records_s, small_runs, aip_n)
-        inc_small_s = min(small_runs)
-        skeleton_runs = [
-            _stream_skeleton(spark, work / "in-small", work, args.partitions)
-            for _attempt in range(args.repeat)
-        ]
-        measured("stream skeleton (floor, no outputs)", records_s, skeleton_runs, aip_n)
-        aip_s = _apply_in_pandas_with_state(
-            spark, work / "in-small", work, rules.rules[0].timeout_ms
-        )
-        measured("applyInPandasWithState", records_s, [aip_s], aip_n)
 
-    per_pending = _state_bytes_per_pending()
-    print()
-    print(
-        f"{'run':44} {'orders':>10} {'records':>10} {'seconds':>9} {'first s':>8} {'events/s':>10}"
-    )
-    for name, recs, runs, orders in table:
-        secs = min(runs)
-        print(
-            f"{name:44} {orders:>10,} {recs:>10,} {secs:>9.1f} {runs[0]:>8.1f} "
-            f"{recs / secs:>10,.0f}"
-        )
-    print(
-        f"seconds: best of {args.repeat} runs (applyInPandasWithState: 1 run); first s: the first"
-    )
-    print()
-    if n > 0:
-        print(state_line)
-        print("memory after each increment (MB; the best incremental run): "
-              "JVM RSS / peak, Python workers' largest RSS / peak, this driver's peak")  # fmt: skip
-        for i, m in enumerate(best_memory):
-            print(f"  increment {i + 1:>2}: JVM {m['jvm_rss']:,.0f} / {m['jvm_peak']:,.0f}, "
-                  f"workers {m['worker_rss']:,.0f} / {m['worker_peak']:,.0f}, "
-                  f"driver {m['driver_peak']:,.0f}")  # fmt: skip
-    print()
-    print(f"{'target':72} {'measured':>10} {'target':>10}  verdict")
-    rows = []
-    if n > 0:
-        rows.append((f"incremental / batch time at {n:,} ({args.increments} increments)",
-                     inc_s / batch_s, "<= 1.5x", inc_s / batch_s <= 1.5))  # fmt: skip
-    if not args.skip_aip:
-        aip_rate = records_s / aip_s
-        if n > 0:
-            for name, secs in (("batch", batch_s), ("incremental", inc_s)):
-                ratio = records / secs / aip_rate
-                rows.append((f"{name} events/s at {n:,} vs applyInPandasWithState at {aip_n:,}",
-                             ratio, ">= 100x", ratio >= 100))  # fmt: skip
-        rows.append((f"incremental vs applyInPandasWithState, both at {aip_n:,}",
-                     aip_s / inc_small_s, "(report)", None))  # fmt: skip
-        rows.append((f"stream skeleton vs applyInPandasWithState at {aip_n:,} (ceiling)",
-                     aip_s / min(skeleton_runs), "(floor)", None))  # fmt: skip
-    for name, value, target, ok in rows:
-        verdict = "" if ok is None else ("met" if ok else "NOT met")
-        print(f"{name:72} {value:>9.2f}x {target:>10}  {verdict}")
-    print(f"driver heap: {per_pending:.0f} B per pending operation (tracemalloc, 100k ops)")
-    print(
-        f"checkpoint: {_parquet_bytes_per_pending():.1f} B per pending operation "
-        "(ops state as Parquet, snappy, 100k ops)"
-    )
-    spark.stop()
+def _check_against_batch(spark: Any, batch_out: Path, outs: dict[str, Any]) -> int:
+    """The number of outcome rows; SystemExit if the stream's differ from the batch job's."""
+    cols = ["rule", "key", "op_id", "opened_at", "deadline", "outcome", "resolved_at",
+            "latency_ms", "resolve_event_id"]  # fmt: skip
+    batch = spark.read.parquet(str(batch_out / "outcomes")).select(*cols)
+    stream = outs["outcomes"].select(*cols)
+    diff = batch.exceptAll(stream).count() + stream.exceptAll(batch).count()
+    if diff:
+        raise SystemExit(f"MISMATCH: {diff} outcome rows differ between batch and stream")
+    return int(batch.count())
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--orders", type=float, default=1e6, help="(a), (b); 0 skips them")
+    parser.add_argument("--increments", type=int, default=10, help="files = micro-batches")
+    parser.add_argument("--peer-orders", type=float, default=1e5, help="(c); 0 skips it")
+    parser.add_argument("--peers", nargs="*", choices=peers.PEERS, default=list(peers.PEERS),
+                        help="Spark's stateful peers to run in (c) (default: all)")  # fmt: skip
+    parser.add_argument("--fixed-records", type=int, default=1_000,
+                        help="records per micro-batch of (d); 0 skips it")  # fmt: skip
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--no-warm-up", action="store_true", help="skip the untimed warm-up")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each tickwheel job, floor")
+    parser.add_argument("--cli", action="store_true", help="the one-process-each comparison")
+    parser.add_argument("--cli-orders", type=float, default=5e4, help="orders for --cli")
+    parser.add_argument("--cli-repeat", type=int, default=1, help="rounds of --cli")
+    args = parser.parse_args(argv)
+    for name in ("repeat", "cli_repeat", "increments", "partitions"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("orders", "peer_orders", "cli_orders", "fixed_records"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    needs = args.peers if args.peer_orders and not args.cli else ["transformWithStateInPandas"]
+    missing = peers.missing_dependency(needs) if args.peer_orders or args.cli else None
+    if missing:
+        parser.error(missing)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its tables."""
+    args = _parse(argv)
+    if args.cli:
+        return cli_comparison(args)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-inc-"))
+    work.mkdir(parents=True, exist_ok=True)
+    spark = create_session("local[2]", shuffle_partitions=args.partitions)
+    # As the CLI's stream does; and transformWithState logs a WARN line for
+    # every read of an empty state (each new key), which would slow its peers.
+    spark.sparkContext.setLogLevel("ERROR")
+    peers.ship_to_workers()
+    print(f"python {sys.version.split()[0]}, spark {spark.version}, local[2], "
+          f"{os.cpu_count()} CPUs, work {work}")  # fmt: skip
+    bench = _Bench(args, work, spark, lateness_rules(work / "rules.toml"))
+    try:
+        if not args.no_warm_up:
+            bench.warm_up()
+        if args.orders:
+            bench.batch_vs_stream(int(args.orders))
+        if args.peer_orders:
+            bench.peers_at(int(args.peer_orders))
+        if args.fixed_records:
+            bench.fixed_cost()
+        bench.report()
+    finally:
+        spark.stop()
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_pipeline_incremental import _feed, _rules
+    from _stream_inputs import feed, lateness_rules
 
     from tickwheel.pipeline.batch import run_job
     from tickwheel.pipeline.generate import generate_orders
@@ -225,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     data = Path(args.data) if args.data else work / f"orders-{args.orders}-{files}"
     if not data.exists():
         generate_orders(args.orders, data, seed=42, files=files)
-    rules_path = _rules(work / "rules.toml") if args.incremental else ROOT / "examples/orders.toml"
+    rules_path = (
+        lateness_rules(work / "rules.toml") if args.incremental else ROOT / "examples/orders.toml"
+    )
     rules = load_rules(rules_path)
     conf = {
         "spark.eventLog.enabled": "true",
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(inp, ignore_errors=True)
                 shutil.rmtree(work / f"out-{run}", ignore_errors=True)
                 shutil.rmtree(work / f"ck-{run}", ignore_errors=True)
-                _feed(sorted(data.glob("*.jsonl")), inp)
+                feed(sorted(data.glob("*.jsonl")), inp)
                 cfg = StreamConfig(
                     rules_path=str(rules_path), input=str(inp), output=str(work / f"out-{run}"),
                     checkpoint=str(work / f"ck-{run}"), max_files_per_trigger=1,

@@ -127,3 +127,37 @@ def test_callgrind_workloads_run_on_the_compiled_core(workload: str) -> None:
     else:
         assert done.returncode == 2
         assert "the compiled core is not in use" in done.stderr
+
+
+def _refused(script: str, *args: str) -> str:
+    """Run ``script`` with bad ``args``; it must exit 2 (argparse's error) before any Spark."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    return done.stderr
+
+
+def test_stream_peer_scripts_name_bad_arguments(tmp_path: Path) -> None:
+    err = _refused("bench_pipeline_incremental.py", "--repeat", "0")
+    assert "--repeat must be >= 1, got 0" in err
+    err = _refused("bench_pipeline_incremental.py", "--peer-orders", "-1")
+    assert "--peer-orders must be >= 0" in err
+    err = _refused("bench_pipeline_incremental.py", "--peers", "mapGroupsWithState")
+    assert "invalid choice: 'mapGroupsWithState'" in err
+    err = _refused("bench_pipeline.py", "--incremental", "--fixed-records", "-5")
+    assert "--fixed-records must be >= 0, got -5" in err  # passed on to the incremental bench
+    missing = tmp_path / "absent"
+    err = _refused(
+        "peer_transform_with_state.py",
+        *("--input", str(missing), "--output", str(tmp_path / "out")),
+        *("--checkpoint", str(tmp_path / "ck"), "--triggers", "10"),
+    )
+    assert f"--input {missing}: not a directory" in err
+    err = _refused("peer_transform_with_state.py", "--input", str(tmp_path), "--output", "o",
+                   "--checkpoint", "c", "--triggers", "0")  # fmt: skip
+    assert "--triggers and --partitions must be >= 1" in err

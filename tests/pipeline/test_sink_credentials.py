@@ -174,7 +174,7 @@ def test_pgpass_escapes_round_trip(host: str, database: str, user: str, password
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
     """A throw-away PostgreSQL whose ``postgres`` role needs :data:`SECRET` over TCP."""
-    from tickwheel.pipeline._pgserver import ThrowawayPostgres
+    from support.pgserver import ThrowawayPostgres
 
     with ThrowawayPostgres(password=SECRET) as pg:
         yield pg

@@ -1,0 +1,131 @@
+"""The stream's memory per micro-batch and its carried state's size, measured.
+
+Used by ``bench_pipeline_incremental.py``: the JVM's and the Python workers'
+resident and peak memory after each micro-batch (from ``/proc``), the
+carried state at the end of a run, and the bytes a pending operation costs in
+a processor's heap and in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from _pipeline_names import Event, PartitionProcessor, Rule
+
+
+def _status_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _python_workers(jvm: int) -> list[int]:
+    """The JVM's Python daemon and workers (its child processes, and theirs)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = [], [jvm]
+    while todo:
+        parent = todo.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent:
+                found.append(pid)
+                todo.append(pid)
+    return found
+
+
+def sample_memory_per_batch(job: Any, spark: Any, memory: list[dict[str, float]]) -> None:
+    """After each micro-batch, record the JVM's and the Python workers' RSS and peak RSS."""
+    jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    inner = job._run_batch
+
+    def run_batch(batch_id: int, plan: Any) -> Any:
+        out = inner(batch_id, plan)
+        workers = [pid for pid in _python_workers(jvm) if Path(f"/proc/{pid}").exists()]
+        memory.append({
+            "jvm_rss": _status_mb(jvm, "VmRSS"), "jvm_peak": _status_mb(jvm, "VmHWM"),
+            "driver_peak": _status_mb(os.getpid(), "VmHWM"),
+            "worker_rss": max((_status_mb(p, "VmRSS") for p in workers), default=0.0),
+            "worker_peak": max((_status_mb(p, "VmHWM") for p in workers), default=0.0),
+        })  # fmt: skip
+        return out
+
+    job._run_batch = run_batch
+
+
+def state_bytes_per_pending(n: int = 100_000) -> float:
+    """Python heap bytes per pending operation in a processor (tracemalloc)."""
+    rule = Rule("payment", "order_id", ("created",), ("paid",), ("cancelled",), 1_800_000)
+    events = [Event(0, f"o{i:08d}", 1_000 + i, 0, f"e{i:09d}", 0, "created") for i in range(n)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    proc = PartitionProcessor([rule])
+    proc.process(events)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert len(proc.pending_operations()) == n
+    proc.close()
+    return (after - before) / n
+
+
+def parquet_bytes_per_pending(n: int = 100_000) -> float:
+    """Bytes per pending operation of the checkpoint's ``ops`` state, as Parquet (snappy).
+
+    The rows are those the stream writes for pending operations (kind, rule,
+    key, op id, opened_at, deadline), for ``n`` generated orders' creations.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t0 = 1_704_067_200_000
+    table = pa.table(
+        {
+            "kind": ["pending"] * n,
+            "rule": ["payment"] * n,
+            "key": [f"o{i:08d}" for i in range(n)],
+            "event_id": [f"e{2 * i:09d}" for i in range(n)],
+            "time": [t0 + 50 * i for i in range(n)],
+            "deadline": [t0 + 50 * i + 1_800_000 for i in range(n)],
+        }
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ops.parquet")
+        pq.write_table(table, path, compression="snappy")
+        return os.path.getsize(path) / n
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*.parquet"))
+
+
+def state_line(spark: Any, run: Path) -> str:
+    """The carried state at the end of a stream run: pending operations, ``ops`` rows, bytes."""
+    from pyspark.sql import functions as F
+
+    states = run / "ck" / "tickwheel" / "state"
+    last = sorted(states.iterdir(), key=lambda p: int(p.name))[-1]
+    ops = spark.read.parquet(str(last / "ops"))
+    pending = ops.where(F.col("kind") == "pending").count()
+    rows, size = ops.count(), _dir_bytes(last / "ops")
+    return (f"state: {pending:,} pending ops at the end; ops state {rows:,} rows, "
+            f"{size:,} B Parquet ({size / max(rows, 1):.1f} B/row)")  # fmt: skip
+
+
+def print_memory(memory: list[dict[str, float]]) -> None:
+    """Print what :func:`sample_memory_per_batch` recorded, one line per micro-batch."""
+    print("memory after each increment (MB; the best stream run): "
+          "JVM RSS / peak, Python workers' largest RSS / peak, this driver's peak")  # fmt: skip
+    for i, m in enumerate(memory):
+        print(f"  increment {i + 1:>2}: JVM {m['jvm_rss']:,.0f} / {m['jvm_peak']:,.0f}, "
+              f"workers {m['worker_rss']:,.0f} / {m['worker_peak']:,.0f}, "
+              f"driver {m['driver_peak']:,.0f}")  # fmt: skip
