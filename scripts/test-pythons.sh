@@ -45,7 +45,7 @@ for py in "${candidates[@]}"; do
     "$venv/bin/python" -m pip install --quiet --upgrade pip
     "$venv/bin/python" -m pip install --quiet -e '.[dev]'
     ran=$((ran + 1))
-    if ! "$venv/bin/python" -m pytest --ignore=tests/pipeline -p no:cacheprovider -q; then
+    if ! "$venv/bin/python" -m pytest -n "${PYTEST_WORKERS:-2}" --ignore=tests/pipeline -p no:cacheprovider -q; then
         failed+=("$version")
     fi
     echo "== CPython $version: $((SECONDS - started)) s (install and tests)"

@@ -178,6 +178,17 @@ def _with_batch_id(df: DataFrame, batch_id: int) -> DataFrame:
     return df.withColumn(BATCH_ID, F.lit(batch_id).cast("long"))
 
 
+def _write_empty_parquet(directory: str, schema: StructType) -> None:
+    """A table directory holding one Parquet file of ``schema`` and no rows. O(columns)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    os.makedirs(directory, exist_ok=True)
+    empty = pa.Table.from_batches([], schema=to_arrow_schema(schema))
+    pq.write_table(empty, os.path.join(directory, "part-00000-empty.parquet"))
+
+
 def _local_path(path: str) -> str:
     if path.startswith("file://"):
         return path[len("file://") :]
@@ -226,13 +237,16 @@ class ParquetSink:
         The tables are written by concurrent Spark jobs (one thread each): a
         micro-batch's tables are small, so their fixed per-job costs dominate and
         overlap. ``on_table`` is called as each one finishes. A table in
-        ``empty`` gets no directory for this batch (readers union the batches).
+        ``empty`` gets an empty Parquet file of its schema, written here
+        without a Spark job.
         """
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
         staged = os.path.join(self._staging, str(batch_id))
         shutil.rmtree(staged, ignore_errors=True)
-        for name in empty:  # staged already: nothing to write
+        names = sorted(tables)
+        for name in empty:  # no Spark job: an empty file of the table's schema
+            _write_empty_parquet(os.path.join(staged, name), tables[name].schema)
             if on_table is not None:
                 on_table(name)
         tables = {name: df for name, df in tables.items() if name not in empty}
@@ -249,7 +263,7 @@ class ParquetSink:
                     on_table(table)
         os.makedirs(staged, exist_ok=True)  # every table may have been empty
         write_json(
-            os.path.join(staged, "_staged.json"), {"batch_id": batch_id, "tables": sorted(tables)}
+            os.path.join(staged, "_staged.json"), {"batch_id": batch_id, "tables": names}
         )
 
     def commit(self, batch_id: int) -> bool:
