@@ -23,13 +23,13 @@ import argparse
 import bisect
 import json
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import _support  # noqa: F401 - puts tests/ on the path: the reference of the semantics
+from _stream_inputs import feed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,14 +43,6 @@ def _rules(path: Path, retention: str) -> Path:
     ).replace('timeout = "30m"', f'timeout = "{TIMEOUT}"')
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def _feed(files: list[Path], dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for i, src in enumerate(files):
-        target = dest / src.name
-        shutil.copy(src, target)
-        os.utime(target, (1_700_000_000 + i, 1_700_000_000 + i))
 
 
 def _run(spark: Any, rules: Path, inp: Path, work: Path, partitions: int) -> Any:
@@ -143,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         if retention == args.retention:
             retention_ms = rules.input.retention_ms
             opens = sorted(row[3] for row in ref.outcomes)
-        _feed(files, work / f"in-{retention}")
+        feed(files, work / f"in-{retention}")
         seen, outs = _run(
             spark, rules_path, work / f"in-{retention}", work / retention, args.partitions
         )

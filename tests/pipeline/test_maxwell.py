@@ -82,9 +82,9 @@ def test_maxwell_events_normalize_in_binlog_order(spark: Any) -> None:
     ]
 
 
-@pytest.mark.spark
-def test_maxwell_stream_end_to_end(spark: Any, tmp_path: Path) -> None:
-    """The sample stream through ``stream --input-format maxwell``: the expected outcomes."""
+def _stream_sample(spark: Any, tmp_path: Path, **config: Any) -> tuple[Any, Any]:
+    """The sample through ``stream --input-format maxwell`` (one trigger): its summary and
+    outputs (``read_stream_outputs``)."""
     inp = tmp_path / "in"
     inp.mkdir()
     shutil.copy(SAMPLE, inp / SAMPLE.name)
@@ -96,11 +96,19 @@ def test_maxwell_stream_end_to_end(spark: Any, tmp_path: Path) -> None:
         input_format="maxwell",
         trigger="once",
         quiet=True,
+        **config,
     )
     with StreamJob(cfg, spark=spark) as job:
         summary = job.run()
         assert job.sink is not None
         outs = read_stream_outputs(spark, job.sink, str(tmp_path / "ck"))
+    return summary, outs
+
+
+@pytest.mark.spark
+def test_maxwell_stream_end_to_end(spark: Any, tmp_path: Path) -> None:
+    """The sample stream through ``stream --input-format maxwell``: the expected outcomes."""
+    summary, outs = _stream_sample(spark, tmp_path)
     assert summary["duplicates"] == 1  # Maxwell's producer sent order 1's insert twice
     s = 1000
     outcomes = rows(outs["outcomes"], ["key", "outcome", "opened_at", "resolved_at"])
@@ -450,21 +458,13 @@ def test_the_batch_step_reads_maxwell_as_the_stream_does(spark: Any, tmp_path: P
     values = spark.read.text(str(SAMPLE))
     with delayed_operations(values, rules, input_format="maxwell", max_future=None) as ops:
         batch = sorted(tuple(r) for r in ops.outcomes.select("key", "op_id", "outcome").collect())
-    inp = tmp_path / "in"
-    inp.mkdir()
-    (inp / "a.jsonl").write_bytes(SAMPLE.read_bytes())
-    config = StreamConfig(rules_path=str(RULES), input=str(inp), output=str(tmp_path / "out"),
-                          checkpoint=str(tmp_path / "ck"), input_format="maxwell",
-                          max_future_ms=None, quiet=True)  # fmt: skip
-    with StreamJob(config, spark=spark) as job:
-        job.run()
-        assert job.sink is not None
-        outs = read_stream_outputs(spark, job.sink, str(tmp_path / "ck"))
+    _, outs = _stream_sample(spark, tmp_path, max_future_ms=None)
     assert outs["outcomes"] is not None
     stream = sorted(tuple(r) for r in outs["outcomes"].select("key", "op_id", "outcome").collect())
     assert batch == stream and batch
-    code = main(["pipeline", "run", "--rules", str(RULES), "--input", str(inp), "--input-format",
-                 "maxwell", "--output", str(tmp_path / "cli"), "--max-future", "off"])  # fmt: skip
+    code = main(["pipeline", "run", "--rules", str(RULES), "--input", str(tmp_path / "in"),
+                 "--input-format", "maxwell", "--output", str(tmp_path / "cli"),
+                 "--max-future", "off"])  # fmt: skip
     assert code == 0
     import pyarrow.parquet as pq
 
