@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"(tickwheel's job: {min(theirs_s) / min(ours_s):.2f}x)"
                 )
             targets.append((f"batch at {n:,} orders vs the DataFrame formulation",
-                            min(theirs_s) / min(ours_s), ">= 0.6x"))  # fmt: skip (issue 28)
+                            min(theirs_s) / min(ours_s), ">= 0.6x"))  # fmt: skip
             rates[n] = records / min(ours_s)
 
             if n in args.with_state:

@@ -262,9 +262,7 @@ class ParquetSink:
                 if on_table is not None:
                     on_table(table)
         os.makedirs(staged, exist_ok=True)  # every table may have been empty
-        write_json(
-            os.path.join(staged, "_staged.json"), {"batch_id": batch_id, "tables": names}
-        )
+        write_json(os.path.join(staged, "_staged.json"), {"batch_id": batch_id, "tables": names})
 
     def commit(self, batch_id: int) -> bool:
         """Rename the staged tables into ``<table>/batch_id=N`` and write the marker."""
