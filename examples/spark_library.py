@@ -62,7 +62,7 @@ def batch(spark: SparkSession) -> None:
 
 def stream(spark: SparkSession, work: Path) -> None:
     inbox = work / "inbox"
-    inbox.mkdir()
+    inbox.mkdir(parents=True)
     for i, chunk in enumerate((BATCH[:3], BATCH[3:5])):  # two files: two micro-batches
         path = inbox / f"part-{i}.jsonl"
         path.write_text("\n".join(chunk) + "\n", encoding="utf-8")
@@ -82,6 +82,10 @@ def stream(spark: SparkSession, work: Path) -> None:
 
 
 def main() -> int:
+    # tickwheel's step runs Python in Spark's workers, so they need tickwheel, as any
+    # PySpark library with Python functions does: here, this interpreter (Spark's
+    # default is the ``python3`` on the PATH); on a cluster, the executors' environment.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = SparkSession.builder.master("local[2]").appName("tickwheel-example").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:

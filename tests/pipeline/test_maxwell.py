@@ -82,14 +82,16 @@ def test_maxwell_events_normalize_in_binlog_order(spark: Any) -> None:
     ]
 
 
-def _stream_sample(spark: Any, tmp_path: Path, **config: Any) -> tuple[Any, Any]:
-    """The sample through ``stream --input-format maxwell`` (one trigger): its summary and
+def _stream_sample(
+    spark: Any, tmp_path: Path, sample: Path = SAMPLE, rules: Path = RULES, **config: Any
+) -> tuple[Any, Any]:
+    """``sample`` through ``stream --input-format maxwell`` (one trigger): its summary and
     outputs (``read_stream_outputs``)."""
     inp = tmp_path / "in"
     inp.mkdir()
-    shutil.copy(SAMPLE, inp / SAMPLE.name)
+    shutil.copy(sample, inp / sample.name)
     cfg = StreamConfig(
-        rules_path=str(RULES),
+        rules_path=str(rules),
         input=str(inp),
         output=str(tmp_path / "out"),
         checkpoint=str(tmp_path / "ck"),
@@ -414,22 +416,7 @@ def test_records_have_the_json_paths_shape(spark: Any, tmp_path: Path) -> None:
 @pytest.mark.spark
 def test_bootstrap_sample_end_to_end(spark: Any, tmp_path: Path) -> None:
     """examples/maxwell_bootstrap.jsonl (no xid, positions, a bootstrap) through the stream."""
-    inp = tmp_path / "in"
-    inp.mkdir()
-    shutil.copy(BOOTSTRAP_SAMPLE, inp / BOOTSTRAP_SAMPLE.name)
-    cfg = StreamConfig(
-        rules_path=str(BOOTSTRAP_RULES),
-        input=str(inp),
-        output=str(tmp_path / "out"),
-        checkpoint=str(tmp_path / "ck"),
-        input_format="maxwell",
-        trigger="once",
-        quiet=True,
-    )
-    with StreamJob(cfg, spark=spark) as job:
-        summary = job.run()
-        assert job.sink is not None
-        outs = read_stream_outputs(spark, job.sink, str(tmp_path / "ck"))
+    summary, outs = _stream_sample(spark, tmp_path, BOOTSTRAP_SAMPLE, BOOTSTRAP_RULES)
     assert summary["duplicates"] == 1  # the paid update of order 2, sent twice
     # 8 events of the rule, 5 not events: the request row, the markers, order 1's
     # snapshot (paid: no pattern maps it) and the schema change; none rejected

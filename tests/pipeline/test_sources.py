@@ -309,6 +309,8 @@ def test_the_example_plain_pyspark_program_runs(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "spark_library.py"
     env = subprocess_env()
     env.pop("JDK_JAVA_OPTIONS")  # the user's own JVM, as they would start it
+    env.pop("PYSPARK_PYTHON")  # the program says which Python its workers run
+    env.pop("PYSPARK_DRIVER_PYTHON")
     proc = subprocess.run(
         [sys.executable, str(example), str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=400, check=False,
