@@ -8,6 +8,7 @@ import gc
 import inspect
 import math
 import random
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -687,7 +688,9 @@ def test_exception_in_a_context_callback_names_the_callback(loop: VirtualClockEv
     # asyncio's repr: the deadline, then the callback with its arguments and source.
     theirs = asyncio.TimerHandle(handle.when(), explode, (7,), loop)
     assert repr(handle) == repr(theirs)
-    assert "explode(7) at" in repr(handle)
+    # The arguments show from 3.13 only in debug mode (asyncio's format_helpers).
+    shown = "explode() at" if sys.version_info >= (3, 13) else "explode(7) at"
+    assert shown in repr(handle)
 
     async def main() -> None:
         await asyncio.sleep(1)
