@@ -61,7 +61,6 @@ from cpython.pythread cimport (
 from libc.math cimport ceil, floor
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
-import contextvars
 import functools
 import heapq
 import logging
@@ -70,7 +69,6 @@ import operator
 logger = logging.getLogger("tickwheel")
 
 cdef object _heappush = heapq.heappush
-cdef object _heappop = heapq.heappop
 cdef object _when_of = operator.attrgetter("_when")
 
 cdef long long NEVER_C = 9223372036854775807  # (1 << 63) - 1, NEVER in _timer_core
