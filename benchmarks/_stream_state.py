@@ -117,7 +117,7 @@ def state_line(spark: Any, run: Path) -> str:
     ops = spark.read.parquet(str(last / "ops"))
     pending = ops.where(F.col("kind") == "pending").count()
     rows, size = ops.count(), _dir_bytes(last / "ops")
-    return (f"state: {pending:,} pending ops at the end; ops state {rows:,} rows, "
+    return (f"state after {run.name}: {pending:,} pending ops at the end; ops state {rows:,} rows, "
             f"{size:,} B Parquet ({size / max(rows, 1):.1f} B/row)")  # fmt: skip
 
 

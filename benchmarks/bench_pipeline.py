@@ -40,6 +40,7 @@ JVM's and this driver's peak RSS so far (VmHWM), so it only grows down the table
 
     python benchmarks/bench_pipeline.py --orders 100000 1000000 --with-state 100000 --repeat 3
     python benchmarks/bench_pipeline.py --incremental ...   # the incremental benchmark
+    python benchmarks/bench_pipeline.py --scale 100000 1000000 10000000   # the CLI's defaults
 """
 
 from __future__ import annotations
@@ -335,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of tickwheel's job and the DataFrame formulation")  # fmt: skip
     parser.add_argument("--incremental", action="store_true",
                         help="run benchmarks/bench_pipeline_incremental.py instead")  # fmt: skip
+    parser.add_argument("--scale", type=int, nargs="+", default=None, metavar="N",
+                        help="instead: `tickwheel pipeline run` with its defaults, one "
+                             "process per size (see benchmarks/_cli_scale.py)")  # fmt: skip
     parser.add_argument("--loop-target", type=float, default=None,
                         help="loop events/s per core for the floor line (default: the "
                              "rate tickwheel's own loop reached in its best run)")  # fmt: skip
@@ -355,6 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         return result
     if rest:
         parser.error(f"unknown arguments {rest}")
+    if args.scale is not None:
+        if min(args.scale) < 1:
+            parser.error(f"--scale sizes must be >= 1, got {args.scale}")
+        from _cli_scale import scale_run
+
+        scale_work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-scale-"))
+        scale_work.mkdir(parents=True, exist_ok=True)
+        return scale_run(args.scale, scale_work)
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
 

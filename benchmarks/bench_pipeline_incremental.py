@@ -4,7 +4,8 @@ Measured in one process, on one SparkContext (``local[2]``, 2 shuffle
 partitions), the same generated orders fed as K increments (files, one
 micro-batch each), the same rule:
 
-(a) the batch job (``tickwheel pipeline run``) over all the data, at N;
+(a) the batch job (``tickwheel pipeline run``) over all the data, at each N
+    of ``--orders`` (1e5 and 1e6 by default);
 (b) the stream (``tickwheel pipeline stream``, available-now, one file per
     micro-batch, state carried), at N; its outcomes are checked equal to (a)'s;
 (c) at a smaller N (``--peer-orders``, 1e5 by default: the peers run at a
@@ -271,17 +272,18 @@ class _Bench:
 
     def batch_vs_stream(self, n: int) -> None:
         """(a) and (b) at ``n``, alternately; each stream run checked equal to its batch run."""
-        inp, records = self.workload(n, "big")
+        tag = f"big-{n}"
+        inp, records = self.workload(n, tag)
         batch_runs: list[float] = []
         stream_runs: list[float] = []
         for attempt in range(self.args.repeat):
-            batch_out = self.work / f"batch-big-{attempt}"
+            batch_out = self.work / f"batch-{tag}-{attempt}"
             started = time.perf_counter()
-            run_job(self.spark, self.rules, str(self.work / "gen-big"), str(batch_out),
+            run_job(self.spark, self.rules, str(self.work / f"gen-{tag}"), str(batch_out),
                     partitions=self.args.partitions)  # fmt: skip
             batch_runs.append(time.perf_counter() - started)
             memory: list[dict[str, float]] = []
-            secs, _summary, outs = self.stream(inp, "big", memory)
+            secs, _summary, outs = self.stream(inp, tag, memory)
             if not stream_runs or secs < min(stream_runs):
                 self.memory = memory
             stream_runs.append(secs)
@@ -296,7 +298,7 @@ class _Bench:
         self.measured(_Row("batch job", n, records, batch_runs, "-", "the reference"))
         self.measured(_Row(f"stream, {k} micro-batches", n, records, stream_runs, str(k),
                            "equal to the batch job"))  # fmt: skip
-        self.lines.append(state_line(self.spark, self.work / "inc-big"))
+        self.lines.append(state_line(self.spark, self.work / f"inc-{tag}"))
         ratio = min(stream_runs) / min(batch_runs)
         bound = {100_000: 1.8, 1_000_000: 1.3}.get(n)
         self.targets.append(_Target(
@@ -440,7 +442,8 @@ def _check_against_batch(spark: Any, batch_out: Path, outs: dict[str, Any]) -> i
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--orders", type=float, default=1e6, help="(a), (b); 0 skips them")
+    parser.add_argument("--orders", type=float, nargs="+", default=[1e5, 1e6],
+                        help="(a), (b) at each size; 0 skips them")  # fmt: skip
     parser.add_argument("--increments", type=int, default=10, help="files = micro-batches")
     parser.add_argument("--peer-orders", type=float, default=1e5, help="(c); 0 skips it")
     parser.add_argument("--peers", nargs="*", choices=peers.PEERS, default=list(peers.PEERS),
@@ -458,9 +461,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     for name in ("repeat", "cli_repeat", "increments", "partitions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("orders", "peer_orders", "cli_orders", "fixed_records"):
+    for name in ("peer_orders", "cli_orders", "fixed_records"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if any(n < 0 for n in args.orders):
+        parser.error(f"--orders must be >= 0, got {' '.join(f'{n:g}' for n in args.orders)}")
+    args.orders = sorted({int(n) for n in args.orders if n})
     needs = args.peers if args.peer_orders and not args.cli else ["transformWithStateInPandas"]
     missing = peers.missing_dependency(needs) if args.peer_orders or args.cli else None
     if missing:
@@ -487,8 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.no_warm_up:
             bench.warm_up()
-        if args.orders:
-            bench.batch_vs_stream(int(args.orders))
+        for n in args.orders:  # ascending: the largest size's memory and state are reported
+            bench.batch_vs_stream(n)
         if args.peer_orders:
             bench.peers_at(int(args.peer_orders))
         if args.fixed_records:

@@ -151,6 +151,10 @@ def test_stream_peer_scripts_name_bad_arguments(tmp_path: Path) -> None:
     assert "invalid choice: 'mapGroupsWithState'" in err
     err = _refused("bench_pipeline.py", "--incremental", "--fixed-records", "-5")
     assert "--fixed-records must be >= 0, got -5" in err  # passed on to the incremental bench
+    err = _refused("bench_pipeline_incremental.py", "--orders", "1e5", "-1")
+    assert "--orders must be >= 0, got 100000 -1" in err
+    err = _refused("bench_pipeline.py", "--scale", "0", "1000")
+    assert "--scale sizes must be >= 1, got [0, 1000]" in err
     missing = tmp_path / "absent"
     err = _refused(
         "peer_transform_with_state.py",
