@@ -59,6 +59,20 @@ def test_manual_clock_type_errors_name_the_argument(bad: object) -> None:
     assert clock.now_ms() == 0
 
 
+def test_manual_clock_times_stay_in_0_to_2_pow_62() -> None:
+    # Kafka's times are never negative (a bucket's -1 means "none"), and a time plus
+    # the longest delay (2**62) must stay an int64 for the compiled core.
+    with pytest.raises(ValueError, match=r"start_ms must lie in \[0, 2\*\*62\) ms, got -1"):
+        ManualClock(-1)
+    clock = ManualClock((1 << 62) - 2)
+    assert clock.advance(1) == (1 << 62) - 1
+    with pytest.raises(ValueError, match=r"ms must lie in \[0, 2\*\*62\) ms"):
+        clock.advance(1)
+    with pytest.raises(ValueError, match=r"ms must lie in"):
+        clock.set(1 << 62)
+    assert clock.now_ms() == (1 << 62) - 1  # a refused move changes nothing
+
+
 def test_wait_for_change_wakes_when_the_clock_moves() -> None:
     clock = ManualClock(5)
     assert clock.wait_for_change(4, 0.0) is True  # already different

@@ -317,3 +317,35 @@ def test_partition_loops_agree(
     assert _run_partition(tickwheel, steps, cut, lateness, start, retention) == _run_partition(
         PURE_PIPELINE, steps, cut, lateness, start, retention
     )
+
+
+@pytest.mark.parametrize("wheel_size", [2, 20, 512, 4096])
+@pytest.mark.parametrize("tick", [1, 1000])
+def test_far_delays_fire_alike_on_both_paths(wheel_size: int, tick: int) -> None:
+    # A level's span beyond int64 (1 ms x 512**7 = 2**63, or 63 levels of 2) saturates
+    # in the compiled wheel, where the pure one grows past int64: both must place and
+    # fire the longest delays alike, at clock times across the whole range.
+    delays = [1 << 62, (1 << 62) - 1, 1 << 61, 10**18, 1 << 55, 12_345, -(1 << 62)]
+    for start in (0, 10**15, (1 << 62) - 1 - (1 << 61)):
+        seen = []
+        for pkg in (tickwheel, PURE):
+            clock = pkg.ManualClock(start)
+            timer = pkg.SystemTimer(
+                tick_ms=tick, wheel_size=wheel_size, clock=clock, executor="inline"
+            )
+            fired: list[int] = []
+            for delay in delays:
+                timer.schedule(delay, fired.append, delay)
+            log = [(start, sorted(fired), timer.size, timer._check())]
+            times = {start + d + off for d in delays for off in (-tick, -1, 0)}
+            for t in sorted(t for t in times if start < t < 1 << 62):
+                clock.set(t)
+                timer.advance_clock(0)
+                log.append((t, sorted(fired), timer.size, timer._check()))
+            timer.close()
+            seen.append(log)
+        assert seen[0] == seen[1]
+        # Every delay whose tick the clock reached fired (a wheel fires up to a tick early).
+        last = seen[0][-1][0]
+        reachable = [d for d in delays if (start + d) // tick * tick <= last]
+        assert seen[0][-1][1] == sorted(reachable)

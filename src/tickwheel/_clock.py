@@ -79,6 +79,7 @@ class ManualClock:
 
     def __init__(self, start_ms: int = 0) -> None:
         _check_ms("start_ms", start_ms)
+        _check_time("start_ms", start_ms)
         self._now_ms = start_ms
         # One condition both guards the time and lets threads sleep until it moves.
         self._changed = threading.Condition(threading.Lock())
@@ -97,10 +98,12 @@ class ManualClock:
     def set(self, ms: int) -> None:
         """Move the clock to ``ms``.
 
-        Raises :class:`ValueError` if ``ms`` is earlier than the current time, and
-        :class:`TypeError` if it is not an int. O(listeners).
+        Raises :class:`ValueError` if ``ms`` is earlier than the current time or
+        outside [0, 2**62) (:data:`MAX_TIME_MS`), and :class:`TypeError` if it is
+        not an int. O(listeners).
         """
         _check_ms("ms", ms)
+        _check_time("ms", ms)
         with self._changed:
             if ms < self._now_ms:
                 raise ValueError(
@@ -150,10 +153,22 @@ class ManualClock:
         return f"ManualClock(now_ms={self._now_ms})"
 
 
+#: A manual clock's times lie in [0, MAX_TIME_MS) (about 146 million years): not
+#: negative, as Kafka's clock never is (a bucket's -1 means "no expiration"), and small
+#: enough that a time plus any delay a timer takes (±``MAX_DELAY_MS``, the same bound)
+#: is an int64, as the compiled core keeps it.
+MAX_TIME_MS = 1 << 62
+
+
 def _check_ms(name: str, value: object) -> None:
     """Reject anything but a plain int (bool included) with a message naming ``name``."""
     if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
         raise TypeError(f"{name} must be an int number of milliseconds, got {value!r}")
+
+
+def _check_time(name: str, value: int) -> None:
+    if not 0 <= value < MAX_TIME_MS:
+        raise ValueError(f"{name} must lie in [0, 2**62) ms, got {value}")
 
 
 def is_manual(clock: Clock) -> bool:

@@ -75,6 +75,23 @@ cdef long long NEVER_C = 9223372036854775807  # (1 << 63) - 1, NEVER in _timer_c
 cdef long long MAX_DELAY_MS_C = 4611686018427387904  # 1 << 62, MAX_DELAY_MS in _task
 
 
+# Checked int64 arithmetic (GCC and Clang builtins): the wheels' spans saturate, and a
+# time plus a delay that leaves int64 raises, where the pure path's ints would grow.
+cdef extern from *:
+    """
+    static inline int tw_add_overflows(long long a, long long b, long long *out) {
+        return __builtin_add_overflow(a, b, out);
+    }
+    static inline int tw_mul_overflows(long long a, long long b, long long *out) {
+        return __builtin_mul_overflow(a, b, out);
+    }
+    """
+    bint tw_add_overflows(long long a, long long b, long long *out) noexcept nogil
+    bint tw_mul_overflows(long long a, long long b, long long *out) noexcept nogil
+
+cdef long long LLONG_MAX_C = 9223372036854775807  # (1 << 63) - 1
+
+
 cdef inline long long _floordiv(long long a, long long b) noexcept:
     """Python's a // b for b > 0."""
     cdef long long q = cython.cdiv(a, b)

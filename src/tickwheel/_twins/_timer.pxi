@@ -40,6 +40,7 @@ cdef class SystemTimerCore(TimerCore):
 
     cdef int _add_c(self, TimerTask task) except -1:
         cdef bint staged = False
+        cdef long long now, expiration
         cdef TimerTaskList lst
         _lock_take(self._fast_lock, self._lock)
         try:
@@ -50,7 +51,13 @@ cdef class SystemTimerCore(TimerCore):
                 return 0
             if lst is not None and lst._lock is not self._lock:
                 raise ValueError(f"{task!r} is pending in another timer; cancel it first")
-            task.expiration_ms = task._delay_ms + self._now_c()
+            now = self._now_c()
+            if tw_add_overflows(task._delay_ms, now, &expiration):
+                raise OverflowError(
+                    f"the clock's time {now} ms plus the delay {task._delay_ms} ms "
+                    "is beyond a 64-bit time"
+                )
+            task.expiration_ms = expiration
             staged = self._add_entry_c(task)
             # _wake_for's own test first, in C: most adds wake nobody.
             if staged and self._waiting and _floordiv(

@@ -24,9 +24,14 @@ cdef class TimingWheel:
             raise ValueError(f"tick_ms must be an int >= 1, got {tick_ms!r}")
         if type(wheel_size) is not int or wheel_size < 2:
             raise ValueError(f"wheel_size must be an int >= 2, got {wheel_size!r}")
+        cdef long long interval
         self.tick_ms = tick_ms
         self.wheel_size = wheel_size
-        self.interval_ms = self.tick_ms * self.wheel_size
+        # A span beyond int64 saturates: such a level covers every int64 expiration, as
+        # the pure level (whose end lies beyond int64) does.
+        if tw_mul_overflows(self.tick_ms, self.wheel_size, &interval):
+            interval = LLONG_MAX_C
+        self.interval_ms = interval
         self._set_current(_floordiv(start_ms, self.tick_ms) * self.tick_ms)
         self.level = level
         self._counter = task_counter
@@ -38,9 +43,14 @@ cdef class TimingWheel:
         self.overflow_wheel = None
 
     cdef void _set_current(self, long long current_ms) noexcept:
+        cdef long long end
         self.current_time_ms = current_ms
-        self._tick_end_ms = current_ms + self.tick_ms
-        self._end_ms = current_ms + self.interval_ms
+        if tw_add_overflows(current_ms, self.tick_ms, &end):
+            end = LLONG_MAX_C
+        self._tick_end_ms = end
+        if tw_add_overflows(current_ms, self.interval_ms, &end):
+            end = LLONG_MAX_C
+        self._end_ms = end
 
     cdef TimingWheel _add_overflow_wheel(self):
         if self.overflow_wheel is None:
@@ -63,7 +73,8 @@ cdef class TimingWheel:
         cdef TimerTaskList bucket
         if entry._list is CANCELLED_C or expiration < self._tick_end_ms:
             return False
-        while expiration >= wheel._end_ms:
+        # A level whose end saturated covers every expiration: no level above it.
+        while expiration >= wheel._end_ms and wheel._end_ms != LLONG_MAX_C:
             if wheel.overflow_wheel is None:
                 wheel._add_overflow_wheel()
             wheel = wheel.overflow_wheel
