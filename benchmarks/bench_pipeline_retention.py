@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import os
 import sys
 import tempfile
@@ -47,8 +46,7 @@ def _rules(path: Path, retention: str) -> Path:
 
 def _run(spark: Any, rules: Path, inp: Path, work: Path, partitions: int) -> Any:
     """One stream over ``inp``: (watermark, ops rows) per committed batch, and the outputs."""
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
-
+    from support.state_rows import record_ops_rows
     from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
 
     cfg = StreamConfig(
@@ -63,16 +61,7 @@ def _run(spark: Any, rules: Path, inp: Path, work: Path, partitions: int) -> Any
     )
     seen: list[tuple[int, int]] = []
     with StreamJob(cfg, spark=spark) as job:
-        commit = job.store.commit
-
-        def recording(batch_id: int) -> None:  # before the next batch prunes it
-            commit(batch_id)
-            path = job.store.path(batch_id)
-            with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
-                watermark = json.load(fh)["watermark"]
-            seen.append((watermark, pq.read_table(os.path.join(path, "ops")).num_rows))
-
-        job.store.commit = recording  # type: ignore[method-assign]
+        record_ops_rows(job, seen)
         job.run()
         assert job.sink is not None
         outs = read_stream_outputs(spark, job.sink, str(work / "ck"))

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import pytest
 from stream_support import ORDERS_TOML, compare_with_reference, feed
 
 from support.reference import iter_input_lines, run_reference
+from support.state_rows import record_ops_rows
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
@@ -44,22 +43,6 @@ def _rules(path: Path) -> Path:
         text = text.replace(old, new)
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def _ops_rows_per_batch(job: StreamJob, seen: list[tuple[int, int]]) -> None:
-    """Record (watermark, ops rows) of each committed state, before the next batch prunes it."""
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
-
-    commit = job.store.commit
-
-    def recording(batch_id: int) -> None:
-        commit(batch_id)
-        path = job.store.path(batch_id)
-        with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
-            watermark = json.load(fh)["watermark"]
-        seen.append((watermark, pq.read_table(os.path.join(path, "ops")).num_rows))
-
-    job.store.commit = recording  # type: ignore[method-assign]
 
 
 @pytest.mark.slow
@@ -99,7 +82,7 @@ def test_ops_state_stays_flat_with_retention(spark: Any, tmp_path: Path) -> None
     )
     seen: list[tuple[int, int]] = []
     with StreamJob(config, spark=spark) as job:
-        _ops_rows_per_batch(job, seen)
+        record_ops_rows(job, seen)
         summary = job.run()
         assert job.sink is not None
         outputs = read_stream_outputs(spark, job.sink, config.checkpoint)

@@ -1,0 +1,27 @@
+"""The carried ``ops`` rows of each committed micro-batch: what retention must keep flat.
+
+Shared by the retention test and its benchmark. The stream prunes a committed
+state once the next batch commits, so the rows are counted at the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def record_ops_rows(job: Any, seen: list[tuple[int, int]]) -> None:
+    """Append (watermark, ops rows) to ``seen`` as ``job`` commits each batch's state."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    commit = job.store.commit
+
+    def recording(batch_id: int) -> None:
+        commit(batch_id)
+        path = job.store.path(batch_id)
+        with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
+            watermark = json.load(fh)["watermark"]
+        seen.append((watermark, pq.read_table(os.path.join(path, "ops")).num_rows))
+
+    job.store.commit = recording
