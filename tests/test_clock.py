@@ -66,7 +66,7 @@ def test_manual_clock_times_stay_in_0_to_2_pow_62() -> None:
         ManualClock(-1)
     clock = ManualClock((1 << 62) - 2)
     assert clock.advance(1) == (1 << 62) - 1
-    with pytest.raises(ValueError, match=r"ms must lie in \[0, 2\*\*62\) ms"):
+    with pytest.raises(ValueError, match=r"now_ms \+ ms \(\d+ \+ 1\) must lie in \[0, 2"):
         clock.advance(1)
     with pytest.raises(ValueError, match=r"ms must lie in"):
         clock.set(1 << 62)

@@ -125,13 +125,15 @@ class ManualClock:
     def advance(self, ms: int) -> int:
         """Move the clock forward by ``ms`` (>= 0) and return the new time.
 
-        Raises :class:`ValueError` for a negative step. O(listeners).
+        Raises :class:`ValueError` for a negative step, or one that would take the
+        time to 2**62 or beyond (:data:`MAX_TIME_MS`). O(listeners).
         """
         _check_ms("ms", ms)
         if ms < 0:
             raise ValueError(f"ManualClock cannot move backwards: advance({ms})")
         with self._changed:
             target = self._now_ms + ms
+        _check_time(f"now_ms + ms ({self._now_ms} + {ms})", target)
         self.set(target)
         return target
 

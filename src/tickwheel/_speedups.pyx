@@ -58,6 +58,7 @@ from cpython.pythread cimport (
     PyThread_release_lock,
     PyThread_type_lock,
 )
+from libc.limits cimport LLONG_MAX
 from libc.math cimport ceil, floor
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
@@ -88,8 +89,6 @@ cdef extern from *:
     """
     bint tw_add_overflows(long long a, long long b, long long *out) noexcept nogil
     bint tw_mul_overflows(long long a, long long b, long long *out) noexcept nogil
-
-cdef long long LLONG_MAX_C = 9223372036854775807  # (1 << 63) - 1
 
 
 cdef inline long long _floordiv(long long a, long long b) noexcept:

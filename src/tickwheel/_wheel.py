@@ -207,8 +207,12 @@ def check_wheel(wheel: TimingWheel) -> int:
         tick = level.tick_ms
         assert level.current_time_ms % tick == 0, "current time not a multiple of tick"
         assert _equal_in_int64(level.interval_ms, tick * level.wheel_size)
-        assert _equal_in_int64(level._tick_end_ms, level.current_time_ms + tick)
-        assert _equal_in_int64(level._end_ms, level.current_time_ms + level.interval_ms)
+        assert _equal_in_int64(level._tick_end_ms, level.current_time_ms + tick), (
+            "stale _tick_end_ms"
+        )
+        assert _equal_in_int64(level._end_ms, level.current_time_ms + level.interval_ms), (
+            "stale _end_ms"
+        )
         if lower is not None:
             assert tick == lower.interval_ms, "overflow tick != lower interval"
             expected = lower.current_time_ms - lower.current_time_ms % tick

@@ -30,7 +30,7 @@ cdef class TimingWheel:
         # A span beyond int64 saturates: such a level covers every int64 expiration, as
         # the pure level (whose end lies beyond int64) does.
         if tw_mul_overflows(self.tick_ms, self.wheel_size, &interval):
-            interval = LLONG_MAX_C
+            interval = LLONG_MAX
         self.interval_ms = interval
         self._set_current(_floordiv(start_ms, self.tick_ms) * self.tick_ms)
         self.level = level
@@ -46,10 +46,10 @@ cdef class TimingWheel:
         cdef long long end
         self.current_time_ms = current_ms
         if tw_add_overflows(current_ms, self.tick_ms, &end):
-            end = LLONG_MAX_C
+            end = LLONG_MAX
         self._tick_end_ms = end
         if tw_add_overflows(current_ms, self.interval_ms, &end):
-            end = LLONG_MAX_C
+            end = LLONG_MAX
         self._end_ms = end
 
     cdef TimingWheel _add_overflow_wheel(self):
@@ -74,7 +74,7 @@ cdef class TimingWheel:
         if entry._list is CANCELLED_C or expiration < self._tick_end_ms:
             return False
         # A level whose end saturated covers every expiration: no level above it.
-        while expiration >= wheel._end_ms and wheel._end_ms != LLONG_MAX_C:
+        while expiration >= wheel._end_ms and wheel._end_ms != LLONG_MAX:
             if wheel.overflow_wheel is None:
                 wheel._add_overflow_wheel()
             wheel = wheel.overflow_wheel
