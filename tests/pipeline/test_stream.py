@@ -72,13 +72,20 @@ def test_increments_equal_one_batch_run(
     partitions: int,
     separate_runs: bool,
 ) -> None:
-    """1, 5 or 20 increments, any partition count: the same outputs as the batch semantics."""
+    """1, 5 or 20 increments, any partition count: the same outputs as the batch semantics.
+
+    One partition per row keeps every purgatory at ``partitions`` (these
+    micro-batches are far below MICRO_BATCH_ROWS_PER_PARTITION).
+    """
     inp = tmp_path / "in"
     if separate_runs:  # a new job per increment: state carried through the checkpoint
         per = len(orders["files"]) // increments
         for i in range(increments):
             feed(orders["files"][i * per : (i + 1) * per], inp, 1, start=i)
-            summary = _run(spark, tmp_path, orders["rules"], partitions=partitions, trigger="once")
+            summary = _run(
+                spark, tmp_path, orders["rules"], partitions=partitions, trigger="once",
+                rows_per_partition=1,
+            )  # fmt: skip
             assert summary["batches_run"] == 1
     else:
         feed(orders["files"], inp, increments)
@@ -89,11 +96,72 @@ def test_increments_equal_one_batch_run(
             partitions=partitions,
             trigger="available-now",
             max_files_per_trigger=1,
+            rows_per_partition=1,
         )
         assert summary["batches_run"] == increments
+    assert {m["purgatory_partitions"] for m in _committed_metas(tmp_path)} == {partitions}
     assert summary["last_batch"] == increments - 1
     assert summary["watermark"] == orders["ref"].watermark
     compare_with_reference(summary["outputs"], orders["ref"])
+
+
+def _committed_metas(tmp: Path) -> list[dict[str, Any]]:
+    """The ``meta.json`` of every committed micro-batch left in the checkpoint."""
+    state = tmp / "ck" / "tickwheel" / "state"
+    return [json.loads((state / b / "meta.json").read_text()) for b in sorted(os.listdir(state))]
+
+
+def _parquet_rows(directory: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(f).num_rows for f in directory.glob("part-*.parquet"))
+
+
+@pytest.mark.parametrize(
+    ("rows_per_partition", "expected"),
+    [(None, 1), (50, 3)],
+    ids=["default-size", "50-rows-per-partition"],
+)
+def test_a_micro_batch_sizes_its_purgatory_by_its_rows(
+    spark: Any,
+    tmp_path: Path,
+    orders: dict[str, Any],
+    rows_per_partition: int | None,
+    expected: int,
+) -> None:
+    """Up to ``partitions``, one purgatory partition per ``rows_per_partition`` rows.
+
+    A micro-batch of about 40 records with 3 partitions takes one under the
+    default size; with 50 rows per partition, it takes ceil(rows / 50), rows
+    being its kept events plus the previous batch's ``state_rows`` (counted from
+    the state's Parquet footers). The outputs stay the reference's.
+    """
+    feed(orders["files"][:6], tmp_path / "in", 3)
+    size = {} if rows_per_partition is None else {"rows_per_partition": rows_per_partition}
+    summary = _run(spark, tmp_path, orders["rules"], partitions=3, max_files_per_trigger=1, **size)
+    assert summary["batches_run"] == 3
+    metas = _committed_metas(tmp_path)
+    last, before = metas[-1], metas[-2]
+    state = tmp_path / "ck" / "tickwheel" / "state" / str(last["batch_id"])
+    assert last["state_rows"] == _parquet_rows(state / "events") + _parquet_rows(state / "ops")
+    assert before["state_rows"] > 0
+    if rows_per_partition is None:
+        assert {m["purgatory_partitions"] for m in metas} == {expected}
+    else:  # every generated event is of a type the rules use: kept == events
+        rows_ceiling = before["state_rows"] + last["counts"]["events"]
+        assert last["purgatory_partitions"] == min(3, -(-rows_ceiling // rows_per_partition))
+        assert last["purgatory_partitions"] == expected
+
+
+def test_rows_per_partition_must_be_a_positive_int(spark: Any, tmp_path: Path) -> None:
+    """A bad ``rows_per_partition`` is refused, naming the option."""
+    from tickwheel.pipeline.spark.step import DelayedOperations, StepOptions
+
+    rules = load_rules(str(write_rules(tmp_path / "rules.toml")))
+    records = spark.createDataFrame([("{}",)], "value string")
+    for bad in (0, -5, 1.5):
+        with pytest.raises(ValueError, match="rows_per_partition must be an int >= 1"):
+            DelayedOperations(records, rules, StepOptions(rows_per_partition=bad))  # type: ignore[arg-type]
 
 
 def test_rerun_without_new_files_changes_nothing(

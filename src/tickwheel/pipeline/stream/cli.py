@@ -42,7 +42,12 @@ def add_stream_arguments(parser: Any) -> None:
         choices=("jsonl", "json", "csv", "parquet", "maxwell"),
         help="input format (default: the rules' [input].format)",
     )
-    parser.add_argument("--partitions", type=int, help="partitions of the purgatory stage")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        help="key partitions, at most: a micro-batch's purgatory takes one per 50,000 rows "
+        "(default: Spark's default parallelism)",
+    )
     parser.add_argument(
         "--max-files-per-trigger", type=int, help="at most this many new files per micro-batch"
     )

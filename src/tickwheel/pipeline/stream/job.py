@@ -50,7 +50,7 @@ from ..durable import read_json
 from ..rules import Rules, load_rules
 from ..spark.files import HEARTBEAT_SUFFIX, read_files, read_heartbeats
 from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
-from ..spark.step import StepOptions
+from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
 from .checkpoint import (
     FAULT_POINTS,
     CheckpointInUse,
@@ -245,7 +245,10 @@ def start_stream(
     if trigger is not None:
         parse_trigger(trigger)  # a bad trigger fails before the checkpoint is locked
     options = StepOptions(
-        partitions=partitions, max_future_ms=parse_max_future(max_future), input_format=input_format
+        partitions=partitions,
+        max_future_ms=parse_max_future(max_future),
+        input_format=input_format,
+        rows_per_partition=MICRO_BATCH_ROWS_PER_PARTITION,
     )
     _, store, lock = _checkpoint_root(checkpoint)
     try:
@@ -305,7 +308,10 @@ class StreamConfig:
     sink: str = "parquet"
     jdbc_url: str | None = None
     input_format: str | None = None  # default: the rules' [input].format
-    partitions: int | None = None
+    partitions: int | None = None  # at most; see rows_per_partition
+    # A micro-batch's purgatory takes one partition per this many rows, up to
+    # ``partitions`` (spark.step.MICRO_BATCH_ROWS_PER_PARTITION).
+    rows_per_partition: int = MICRO_BATCH_ROWS_PER_PARTITION
     max_files_per_trigger: int | None = None
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
     master: str | None = None
@@ -452,6 +458,7 @@ class StreamJob:
              f" sink {self.sink.describe()}, checkpoint {self.checkpoint}")  # fmt: skip
         self.options = StepOptions(
             partitions=config.partitions,
+            rows_per_partition=config.rows_per_partition,
             max_future_ms=config.max_future_ms,
             input_format="columns"
             if self.input_format in ("csv", "parquet")

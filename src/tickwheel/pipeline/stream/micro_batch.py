@@ -89,7 +89,7 @@ class MicroBatch:
         }
         return CarriedState(
             self.meta.get("watermark"), self.meta.get("max_time"), frames.get("events"),
-            frames.get("ops"),
+            frames.get("ops"), self.meta.get("state_rows"),  # older states lack it
         )  # fmt: skip
 
     def _previous_path(self, name: str) -> str | None:
@@ -113,6 +113,7 @@ class MicroBatch:
             carry=True,
             refused=self.batch.refused,
             event_times=self.batch.event_times,
+            rows_per_partition=self.options.rows_per_partition,
         )
         with DelayedOperations(
             self.batch.records, self.rules, options, self.carried_state()
@@ -150,6 +151,7 @@ class MicroBatch:
                 "new_min_time": counts.min_time,
                 "new_max_time": counts.max_time,
                 "files": self.batch.plan.get("files"),
+                "purgatory_partitions": step.purgatory_partitions,
                 "counts": reported,
                 "warnings": warnings,
             }
@@ -193,13 +195,25 @@ class MicroBatch:
             fault("after_outputs", batch_id)
             for future in state_writes:
                 future.result()
-        write_json(os.path.join(staged, "meta.json"), meta)
+        rows = sum(_parquet_rows(os.path.join(staged, name)) for name in next_state)
+        write_json(os.path.join(staged, "meta.json"), {**meta, "state_rows": rows})
         fault("after_state", batch_id)
         sink.commit(batch_id)
         fault("after_sink_commit", batch_id)
         store.commit(batch_id)
         fault("after_commit", batch_id)
         store.prune(batch_id)
+
+
+def _parquet_rows(directory: str) -> int:
+    """The rows of the Parquet files Spark wrote in ``directory``, from their footers."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    return sum(
+        pq.read_metadata(os.path.join(directory, name)).num_rows
+        for name in os.listdir(directory)
+        if name.endswith(".parquet") and not name.startswith((".", "_"))
+    )
 
 
 def abnormal_batch_warnings(
