@@ -112,3 +112,39 @@ def test_running_out_of_memory_is_one_line_naming_the_option() -> None:
     assert gone is not None and "--driver-memory 6g" in gone and "(it had 30)" in gone
     assert memory_failure(ValueError("bad input"), "2g", 2) is None
     assert all("\n" not in (memory_failure(e, "1g", 1) or "") for e in (jvm, worker))
+
+
+def test_a_bounded_stream_over_a_small_backlog_runs_c1_only(tmp_path: Path) -> None:
+    """``--jit auto``: C1 only for once/available-now over <= 96 MB of files not yet taken."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    import json
+
+    from tickwheel.pipeline.stream.job import StreamConfig, StreamError, StreamJob
+
+    rules = tmp_path / "r.toml"
+    rules.write_text(EXAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "part-0.jsonl").write_bytes(b"{}\n" * 1000)
+
+    def quick(**kw: Any) -> bool:
+        config = StreamConfig(str(rules), str(inp), str(tmp_path / "o"), str(tmp_path / "ck"), **kw)
+        with StreamJob(config) as job:
+            return job.quick_jit()
+
+    assert quick(trigger="available-now")
+    assert quick(trigger="once")
+    assert not quick(trigger="interval=30s")  # runs until stopped: C2 pays back
+    assert not quick(trigger="available-now", master="spark://host:7077")
+    assert not quick(trigger="available-now", jit="c2")
+    assert quick(trigger="interval=30s", jit="c1")
+    big = inp / "part-1.jsonl"
+    with open(big, "wb") as fh:  # sparse: its size counts, not its blocks
+        fh.truncate(QUICK_JIT_MAX_INPUT_BYTES)
+    assert not quick(trigger="available-now")
+    # files the checkpoint's log has taken are not the backlog
+    log = tmp_path / "ck" / "tickwheel" / "files.log"
+    log.write_text(json.dumps({"path": str(big.resolve())}) + "\n", encoding="utf-8")
+    assert quick(trigger="available-now")
+    with pytest.raises(StreamError, match="--jit: expected auto, c1 or c2, got 'c3'"):
+        quick(jit="c3")

@@ -63,6 +63,13 @@ def add_stream_arguments(parser: Any) -> None:
         help="the Spark driver's heap, as spark-submit takes it ('8g'; default: a quarter "
         "of this machine's memory)",
     )
+    parser.add_argument(
+        "--jit",
+        choices=("auto", "c1", "c2"),
+        default="auto",
+        help="the JVM's compilers: c1 (quick only), c2 (quick and optimising), or auto: c1 "
+        "for a local run of --trigger once/available-now over at most 96 MB of new files",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -91,6 +98,7 @@ def run_stream_command(args: Any) -> int:
             max_future_ms=max_future,
             master=args.master,
             driver_memory=args.driver_memory or default_driver_memory(),
+            jit=args.jit,
             quiet=args.quiet,
         )
         with StreamJob(config) as job:

@@ -316,6 +316,7 @@ class StreamConfig:
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
     master: str | None = None
     driver_memory: str | None = None  # default: spark.session.default_driver_memory()
+    jit: str = "auto"  # auto | c1 | c2: see StreamJob.quick_jit
     quiet: bool = False
 
 
@@ -333,6 +334,8 @@ class StreamJob:
             raise StreamError(str(exc)) from None
         self.input_format = self._input_format()
         parse_trigger(config.trigger)
+        if config.jit not in ("auto", "c1", "c2"):
+            raise StreamError(f"--jit: expected auto, c1 or c2, got {config.jit!r}")
         if not os.path.isdir(config.input):
             raise StreamError(f"--input {config.input}: not a directory")
         self.checkpoint = os.path.abspath(config.checkpoint)
@@ -362,6 +365,30 @@ class StreamJob:
         return fmt
 
     # -- session ------------------------------------------------------------
+    def quick_jit(self) -> bool:
+        """Whether a JVM this job starts compiles with C1 only. O(new files).
+
+        ``jit`` ``c1`` or ``c2`` decides. ``auto`` takes C1 only for a bounded
+        run (``--trigger once`` or ``available-now``) whose new files, those
+        the checkpoint's file log has not taken, fit the batch job's crossover
+        (:func:`~tickwheel.pipeline.spark.session.quick_jit_for`): such a run
+        ends before the optimising compiler pays back. A stream that runs
+        until stopped keeps both compilers.
+        """
+        from ..spark.session import quick_jit_for
+        from .file_source import FileLog, list_new_files
+
+        if self.config.jit != "auto":
+            return self.config.jit == "c1"
+        if parse_trigger(self.config.trigger)[0] == "interval":
+            return False
+        taken = set(FileLog(os.path.join(self.root, "files.log")).paths)
+        new_bytes = 0
+        for path in list_new_files(self.config.input, taken):
+            with contextlib.suppress(FileNotFoundError):  # removed since listed
+                new_bytes += os.path.getsize(path)
+        return quick_jit_for(self.config.master or "local[2]", new_bytes)
+
     def _session(self) -> SparkSession:
         if self._spark is not None:
             return self._spark
@@ -374,8 +401,11 @@ class StreamJob:
         conf = {"spark.sql.session.timeZone": "UTC", **spark_jdbc_conf()}
         master = self.config.master or "local[2]"
         archive, classes = startup_note(master)
-        if classes and SparkSession.getActiveSession() is None:  # else the JVM is up already
-            _log(self.config.quiet, f"starting Spark ({master}; {classes})")
+        quick = self.quick_jit()
+        if SparkSession.getActiveSession() is None:  # else the JVM is up already
+            jit = "JIT: C1 only" if quick else "JIT: C1 and C2"
+            _log(self.config.quiet, f"starting Spark ({master}; {jit}{'; ' if classes else ''}"
+                 f"{classes})")  # fmt: skip
         spark = create_session(
             master=master,
             app_name="tickwheel-stream",
@@ -383,6 +413,7 @@ class StreamJob:
             conf=conf,
             class_archive=archive,
             driver_memory=self.config.driver_memory,
+            quick_jit=quick,
         )
         spark.sparkContext.setLogLevel("ERROR")
         self._spark = spark
