@@ -404,8 +404,10 @@ class StreamJob:
         quick = self.quick_jit()
         if SparkSession.getActiveSession() is None:  # else the JVM is up already
             jit = "JIT: C1 only" if quick else "JIT: C1 and C2"
-            _log(self.config.quiet, f"starting Spark ({master}; {jit}{'; ' if classes else ''}"
-                 f"{classes})")  # fmt: skip
+            _log(
+                self.config.quiet,
+                f"starting Spark ({'; '.join(filter(None, (master, jit, classes)))})",
+            )
         spark = create_session(
             master=master,
             app_name="tickwheel-stream",
