@@ -132,8 +132,9 @@ class ManualClock:
         if ms < 0:
             raise ValueError(f"ManualClock cannot move backwards: advance({ms})")
         with self._changed:
-            target = self._now_ms + ms
-        _check_time(f"now_ms + ms ({self._now_ms} + {ms})", target)
+            now = self._now_ms
+        target = now + ms
+        _check_time(f"now_ms + ms ({now} + {ms})", target)
         self.set(target)
         return target
 
