@@ -167,3 +167,30 @@ def test_tables_known_empty_get_no_write_but_exist(spark: Any, tmp_path: Path) -
     parquet.stage(1, {"late": _frame(spark, 0, "x")}, empty={"late"})  # nothing to write
     assert parquet.commit(1) is True
     assert parquet.committed_batches() == [0, 1]
+
+
+@pytest.mark.parametrize("in_driver", [False, True], ids=["spark-writer", "driver"])
+def test_write_parquet_writes_the_same_rows_and_types_either_way(
+    spark: Any, tmp_path: Path, in_driver: bool
+) -> None:
+    """Spark's writer or the driver's pyarrow: the same rows, read back with the
+    frame's own column types (nulls, bytes and epoch-ms longs included), and a
+    second write replaces the first."""
+    from tickwheel.pipeline.spark.frames import write_parquet
+
+    schema = f"{SCHEMA}, raw_bytes binary"
+    rows = [
+        ("payment", "k1", BIG, BIG + 1, "expired", None, 0.5, True, b"\xff\x00"),
+        ("payment", None, BIG + 2, None, None, 7, None, None, None),
+    ]
+    frame = spark.createDataFrame(rows, schema)
+    out = tmp_path / "table"
+    write_parquet(spark.createDataFrame(rows[:1], schema), str(out), in_driver=in_driver)
+    write_parquet(frame, str(out), in_driver=in_driver)
+    back = spark.read.parquet(str(out))  # the types inferred from the files
+    assert [(f.name, f.dataType) for f in back.schema] == [
+        (f.name, f.dataType) for f in frame.schema
+    ]
+    assert sorted(map(tuple, back.collect()), key=repr) == sorted(
+        (tuple(bytearray(v) if isinstance(v, bytes) else v for v in r) for r in rows), key=repr
+    )

@@ -134,7 +134,9 @@ def test_a_micro_batch_sizes_its_purgatory_by_its_rows(
     A micro-batch of about 40 records with 3 partitions takes one under the
     default size; with 50 rows per partition, it takes ceil(rows / 50), rows
     being its kept events plus the previous batch's ``state_rows`` (counted from
-    the state's Parquet footers). The outputs stay the reference's.
+    the state's Parquet footers). A micro-batch that fits one partition has
+    its tables written by the driver, a larger one by Spark. The outputs stay
+    the reference's.
     """
     feed(orders["files"][:6], tmp_path / "in", 3)
     size = {} if rows_per_partition is None else {"rows_per_partition": rows_per_partition}
@@ -147,10 +149,12 @@ def test_a_micro_batch_sizes_its_purgatory_by_its_rows(
     assert before["state_rows"] > 0
     if rows_per_partition is None:
         assert {m["purgatory_partitions"] for m in metas} == {expected}
+        assert {m["written_by"] for m in metas} == {"driver"}  # each fits one partition
     else:  # every generated event is of a type the rules use: kept == events
         rows_ceiling = before["state_rows"] + last["counts"]["events"]
         assert last["purgatory_partitions"] == min(3, -(-rows_ceiling // rows_per_partition))
         assert last["purgatory_partitions"] == expected
+        assert last["written_by"] == "spark"  # its rows exceed one partition's 50
 
 
 def test_rows_per_partition_must_be_a_positive_int(spark: Any, tmp_path: Path) -> None:

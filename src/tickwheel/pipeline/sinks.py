@@ -151,12 +151,15 @@ class BatchSink(Protocol):
         tables: Mapping[str, DataFrame],
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
+        small: bool = False,
     ) -> None:
         """Write the batch's rows out of readers' sight, replacing an earlier attempt.
 
         ``on_table(name)`` is called after each table is written (progress, tests).
         ``empty`` names tables known to have no rows: the sink writes none of
         them (no Spark job), and still has each table once it has been declared.
+        ``small`` says every table is small enough to collect to the driver,
+        which a sink may do rather than run Spark's writer.
         """
 
     def commit(self, batch_id: int) -> bool:
@@ -231,16 +234,21 @@ class ParquetSink:
         tables: Mapping[str, DataFrame],
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
+        small: bool = False,
     ) -> None:
         """Write each table under ``_staging/<batch_id>/``, replacing a crashed attempt.
 
         The tables are written by concurrent Spark jobs (one thread each): a
         micro-batch's tables are small, so their fixed per-job costs dominate and
-        overlap. ``on_table`` is called as each one finishes. A table in
-        ``empty`` gets an empty Parquet file of its schema, written here
+        overlap. With ``small``, each is collected and written by the driver
+        instead (:func:`~.spark.frames.write_parquet`), which skips Hadoop's
+        commit protocol. ``on_table`` is called as each one finishes. A table
+        in ``empty`` gets an empty Parquet file of its schema, written here
         without a Spark job.
         """
         from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        from .spark.frames import write_parquet
 
         staged = os.path.join(self._staging, str(batch_id))
         shutil.rmtree(staged, ignore_errors=True)
@@ -252,7 +260,7 @@ class ParquetSink:
         tables = {name: df for name, df in tables.items() if name not in empty}
 
         def write(table: str, df: DataFrame) -> str:
-            df.write.mode("overwrite").parquet(os.path.join(staged, table))
+            write_parquet(df, os.path.join(staged, table), in_driver=small)
             return table
 
         with ThreadPoolExecutor(max_workers=max(1, len(tables))) as pool:
@@ -711,6 +719,7 @@ class _JdbcSink:
         tables: Mapping[str, DataFrame],
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
+        small: bool = False,  # Spark's JDBC writer inserts from the executors either way
     ) -> None:
         """Write the batch's rows into staging tables through Spark's JDBC writer.
 

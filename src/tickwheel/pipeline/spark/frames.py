@@ -1,14 +1,17 @@
-"""Small frame helpers every stage uses: a run's values as data, and empty frames."""
+"""Small frame helpers every stage uses: a run's values as data, empty frames, and
+Parquet writes."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["empty_frame", "parameter", "run_parameters", "union_all"]
+__all__ = ["empty_frame", "parameter", "run_parameters", "union_all", "write_parquet"]
 
 
 def empty_frame(spark: SparkSession, schema: StructType | str) -> DataFrame:
@@ -67,3 +70,26 @@ def union_all(frames: list[DataFrame], allow_missing: bool = False) -> DataFrame
     for more in frames[1:]:
         out = out.unionByName(more, allowMissingColumns=allow_missing)
     return out
+
+
+def write_parquet(frame: DataFrame, directory: str, *, in_driver: bool = False) -> None:
+    """Write ``frame``'s rows as Parquet files in ``directory`` (replaced if it exists).
+
+    By default Spark's writer does it: one job, a file per partition, and
+    Hadoop's commit protocol (task and job commits, ``_SUCCESS``). On a local
+    master that protocol costs some 100 ms for a table of a few rows, more
+    than the rows do. With ``in_driver`` the rows are collected to the driver
+    as Arrow (one job) and written there as one file with pyarrow: 3-4 times
+    cheaper for a small table, and for a small table only, since every row
+    passes through the driver's memory. Either way the files hold the same
+    rows under the same column names and Spark types.
+    """
+    if not in_driver:
+        frame.write.mode("overwrite").parquet(directory)
+        return
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    table = frame.toArrow()
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+    pq.write_table(table, os.path.join(directory, "part-00000-driver.parquet"))

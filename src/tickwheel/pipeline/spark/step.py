@@ -240,12 +240,32 @@ class DelayedOperations:
         one and at most ``partitions``. Carried state of unknown size gets all
         ``partitions``.
         """
-        per, state = self.options.rows_per_partition, self.state
-        unknown = state.rows is None and (state.events is not None or state.ops is not None)
-        if per is None or unknown:
+        per, rows = self.options.rows_per_partition, self._purgatory_rows()
+        if per is None or rows is None:
             return self.partitions
-        rows = self.counts().kept + (state.rows or 0)
         return max(1, min(self.partitions, -(-rows // per)))
+
+    @property
+    def small(self) -> bool:
+        """True for a stream's micro-batch that fits one partition. O(1) once counted.
+
+        That is: :attr:`StepOptions.rows_per_partition` is set, and both the
+        records and the purgatory's rows (the new kept events and the carried
+        state's rows) are at most that many. Its tables are then small enough
+        to collect to the driver (:func:`.frames.write_parquet`). Always False
+        for the batch driver.
+        """
+        per, rows = self.options.rows_per_partition, self._purgatory_rows()
+        if per is None or rows is None:
+            return False
+        return rows <= per and self.counts().records <= per
+
+    def _purgatory_rows(self) -> int | None:
+        """The new kept events and the carried rows; None when the carried rows are unknown."""
+        state = self.state
+        if state.rows is None and (state.events is not None or state.ops is not None):
+            return None
+        return self.counts().kept + (state.rows or 0)
 
     def _partition_inputs(self) -> DataFrame:
         """The kept events not applied yet, one row per rule, and the carried operations."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..durable import read_json, write_json
 from ..rules import Rules
 from ..spark.classify import EVENT_STATE_COLUMNS
+from ..spark.frames import write_parquet
 from ..spark.outputs import OPS_COLUMNS
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from .checkpoint import StateStore, fault
@@ -152,11 +153,16 @@ class MicroBatch:
                 "new_max_time": counts.max_time,
                 "files": self.batch.plan.get("files"),
                 "purgatory_partitions": step.purgatory_partitions,
+                "written_by": "driver" if step.small else "spark",
                 "counts": reported,
                 "warnings": warnings,
             }
             self.commit(
-                tables, step.next_state(), meta, empty={t for t, n in rows.items() if not n}
+                tables,
+                step.next_state(),
+                meta,
+                empty={t for t, n in rows.items() if not n},
+                small=step.small,
             )
         return {**reported, "watermark": meta["watermark"], "warnings": warnings}
 
@@ -166,13 +172,16 @@ class MicroBatch:
         next_state: Mapping[str, DataFrame],
         meta: Mapping[str, Any],
         empty: Collection[str] = (),
+        small: bool = False,
     ) -> None:
         """Stage the outputs and the next state (their Spark jobs overlap), then commit.
 
         Nothing is visible until both are staged; the rename of the staged
         state is the commit point (see the commit protocol in :mod:`.job`).
         Tables in ``empty`` are known to have no rows (from the counts): no
-        Spark job writes them.
+        Spark job writes them. With ``small`` (:attr:`DelayedOperations.small`)
+        the driver collects and writes the state and the sink's tables
+        (:func:`~..spark.frames.write_parquet`).
         """
         from concurrent.futures import ThreadPoolExecutor
 
@@ -182,7 +191,7 @@ class MicroBatch:
         os.makedirs(staged)
         with ThreadPoolExecutor(max_workers=2) as pool:
             state_writes = [
-                pool.submit(frame.write.parquet, os.path.join(staged, name))
+                pool.submit(write_parquet, frame, os.path.join(staged, name), in_driver=small)
                 for name, frame in next_state.items()
             ]
             if not sink.is_committed(batch_id):  # a replay after the sink's commit
@@ -191,6 +200,7 @@ class MicroBatch:
                     tables,
                     on_table=lambda _name: fault("mid_batch", batch_id),
                     empty=empty,
+                    small=small,
                 )
             fault("after_outputs", batch_id)
             for future in state_writes:
