@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .frames import parameter
+from .frames import parameter_name
 from .records import key_column
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
 __all__ = [
     "C_CONFLICT",
@@ -54,41 +54,30 @@ EVENT_STATE_COLUMNS = ("event_id", "event_type", "time", "seq", "raw")
 def rank_copies(
     frame: DataFrame,
     by: Sequence[str],
-    order: Sequence[str | Column],
+    order: Sequence[str],
     content: Sequence[str],
 ) -> DataFrame:
     """``frame`` with ``_rn`` (1: the kept copy of its ``by`` group) and ``_same``.
 
-    ``order`` sorts the copies of one group (the first is kept); ``_same`` is
-    true where the row's ``content`` columns equal the kept copy's, nulls
-    equal to nulls. Lazy; one shuffle by ``by`` and a sort within it.
+    ``order`` (SQL sort expressions) sorts the copies of one group (the first
+    is kept); ``_same`` is true where the row's ``content`` columns equal the
+    kept copy's, nulls equal to nulls. Lazy; one shuffle by ``by`` and a sort
+    within it.
     """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    window = Window.partitionBy(*by).orderBy(*order)
-    kept = [F.first(name).over(window).alias(f"_kept_{i}") for i, name in enumerate(content)]
-    ranked = frame.select("*", F.row_number().over(window).alias("_rn"), *kept)
-    same = F.lit(True)
-    for i, name in enumerate(content):
-        same = same & F.col(name).eqNullSafe(F.col(f"_kept_{i}"))
-    return ranked.select(*[F.col(f"`{c}`") for c in frame.columns], "_rn", same.alias("_same"))
+    window = f"OVER (PARTITION BY {', '.join(by)} ORDER BY {', '.join(order)})"
+    same = " AND ".join(f"(`{name}` <=> first(`{name}`) {window})" for name in content)
+    return frame.selectExpr("*", f"row_number() {window} AS _rn", f"{same} AS _same")
 
 
-def _class(rules_relevant: Column) -> Column:
-    from pyspark.sql import functions as F
-
-    return (
-        F.when(F.col("reason").isNotNull(), F.lit(C_REJECTED))
-        .when(F.col("late"), F.lit(C_LATE))
-        .when(
-            F.col("_rn") == 1,
-            F.when(rules_relevant, F.lit(C_EVENT)).otherwise(F.lit(C_IGNORED)),
-        )
-        .when(F.col("_same"), F.lit(C_DUPLICATE))
-        .otherwise(F.lit(C_CONFLICT))
-        .cast("int")
-    )
+#: A record's class (``C_*``) as SQL, from the columns ``rank_copies`` and
+#: ``classify`` give it.
+_CLASS = f"""CASE
+    WHEN reason IS NOT NULL THEN {C_REJECTED}
+    WHEN late THEN {C_LATE}
+    WHEN _rn = 1 THEN CASE WHEN relevant THEN {C_EVENT} ELSE {C_IGNORED} END
+    WHEN _same THEN {C_DUPLICATE}
+    ELSE {C_CONFLICT}
+END"""
 
 
 def classify(
@@ -111,45 +100,38 @@ def classify(
     ``event_id``, ``event_type``, ``time``, ``seq`` and the key columns.
     One shuffle into ``partitions`` partitions by (reason, late, event id),
     then a sort within them.
-    """
-    from pyspark.sql import functions as F
 
+    The columns are SQL expressions: each is one call into the JVM, where
+    the same expression built from ``Column`` objects takes one per
+    operator, and a micro-batch plans this stage again each time.
+    """
     keys = [key_column(i) for i in range(key_count)]
-    valid = F.col("reason").isNull()
-    new = parsed.select(
-        *parsed.columns,
-        (valid & F.coalesce(F.col("time") < parameter("w_prev"), F.lit(False))).alias("late"),
-        F.lit(False).alias("old"),
-        F.lit(False).alias("applied"),
+    w_prev = parameter_name("w_prev")
+    new = parsed.selectExpr(
+        "*",
+        f"reason IS NULL AND coalesce(time < {w_prev}, false) AS late",
+        "false AS old",
+        "false AS applied",
     )
     if carried is not None:
-        old = carried.select(
-            *parsed.columns,
-            F.lit(False).alias("late"),
-            F.lit(True).alias("old"),
-            F.coalesce(F.col("time") <= parameter("w_prev"), F.lit(False)).alias("applied"),
+        old = carried.selectExpr(
+            "*", "false AS late", "true AS old", f"coalesce(time <= {w_prev}, false) AS applied"
         )
         new = old.unionByName(new)
     group = ["reason", "late", "event_id"]
     ranked = rank_copies(
         new.repartition(partitions, *group),
         by=group,
-        order=[F.col("applied").desc(), "time", "seq", "raw"],
+        order=["applied DESC", "time", "seq", "raw"],
         content=["event_type", "time", "seq", *keys],
     )
-    cls = _class(F.col("relevant"))
-    raw_kept = cls >= C_CONFLICT
-    if keep_raw:
-        raw_kept = raw_kept | (cls <= C_IGNORED)
-    return ranked.select(
-        cls.alias("c"),
-        "old",
-        "applied",
-        F.when(cls == C_CONFLICT, F.lit("conflict")).otherwise(F.col("reason")).alias("reason"),
-        F.when(raw_kept, F.col("raw")).alias("raw"),
-        "event_id",
-        "event_type",
-        "time",
-        "seq",
-        *keys,
-    )
+    raw_kept = f"c >= {C_CONFLICT}" + (f" OR c <= {C_IGNORED}" if keep_raw else "")
+    return ranked.selectExpr(
+        f"CAST({_CLASS} AS INT) AS c", "old", "applied", "reason AS _reason", "raw AS _raw",
+        "event_id", "event_type", "time", "seq", *keys,
+    ).selectExpr(
+        "c", "old", "applied",
+        f"CASE WHEN c = {C_CONFLICT} THEN 'conflict' ELSE _reason END AS reason",
+        f"CASE WHEN {raw_kept} THEN _raw END AS raw",
+        "event_id", "event_type", "time", "seq", *keys,
+    )  # fmt: skip

@@ -9,9 +9,10 @@ unlike a union of one filtered copy per rule.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..rules import Rules
+from .frames import sql_in, sql_string
 from .records import key_column
 
 if TYPE_CHECKING:
@@ -25,30 +26,26 @@ def rule_events(kept: DataFrame, rules: Rules) -> DataFrame:
     name), ``key`` (the rule's key field), ``time``, ``seq``, ``event_id``, ``event_type``.
 
     ``kept`` has the columns of the classified records (``k0..kN`` for the key
-    fields). Lazy.
+    fields). Lazy. The expressions are SQL text (one call into the JVM each).
     """
-    from pyspark.sql import functions as F
-
     key_index = {name: i for i, name in enumerate(rules.key_fields)}
 
-    def key_of(rule_index: int) -> Any:
-        return F.col(key_column(key_index[rules.rules[rule_index].key]))
+    def key_of(rule_index: int) -> str:
+        return key_column(key_index[rules.rules[rule_index].key])
 
     if len(rules.rules) == 1:
-        frame = kept.where(F.col("event_type").isin(list(rules.event_types)))
-        rule_col, key_col = F.lit(rules.rules[0].name), key_of(0)
+        frame = kept.where(sql_in("event_type", sorted(rules.event_types)))
+        rule_col, key_col = sql_string(rules.rules[0].name), key_of(0)
     else:
         entries = [
-            F.when(
-                F.col("event_type").isin([*rule.open, *rule.complete, *rule.cancel]),
-                F.struct(F.lit(rule.name).alias("r"), key_of(index).alias("k")),
-            )
+            f"CASE WHEN {sql_in('event_type', [*rule.open, *rule.complete, *rule.cancel])} "
+            f"THEN named_struct('r', {sql_string(rule.name)}, 'k', {key_of(index)}) END"
             for index, rule in enumerate(rules.rules)
         ]
-        frame = kept.select(
-            "*", F.explode(F.filter(F.array(*entries), lambda e: e.isNotNull())).alias("_e")
+        frame = kept.selectExpr(
+            "*", f"explode(filter(array({', '.join(entries)}), e -> e IS NOT NULL)) AS _e"
         )
-        rule_col, key_col = F.col("_e.r"), F.col("_e.k")
-    return frame.select(
-        rule_col.alias("rule"), key_col.alias("key"), "time", "seq", "event_id", "event_type"
+        rule_col, key_col = "_e.r", "_e.k"
+    return frame.selectExpr(
+        f"{rule_col} AS rule", f"{key_col} AS key", "`time`", "seq", "event_id", "event_type"
     )

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["empty_frame", "parameter", "run_parameters", "union_all", "write_parquet"]
+__all__ = [
+    "empty_frame",
+    "parameter_name",
+    "run_parameters",
+    "sql_in",
+    "sql_name",
+    "sql_string",
+    "union_all",
+    "write_parquet",
+]
 
 
 def empty_frame(spark: SparkSession, schema: StructType | str) -> DataFrame:
@@ -35,7 +45,7 @@ def run_parameters(spark: SparkSession, **values: int | None) -> DataFrame:
     """A one-row frame of a run's values, to cross-join where a query needs them. O(1).
 
     Columns ``_p_<name>`` (long; None is null); read them with
-    :func:`parameter`. Spark compiles each stage of a query to Java and writes
+    :func:`parameter_name`. Spark compiles each stage of a query to Java and writes
     every literal into the code, so a value that changes from one micro-batch
     (or run) to the next, such as a watermark or the far-future limit, would
     make each batch's code new: compiled again by Spark, then run interpreted
@@ -47,16 +57,32 @@ def run_parameters(spark: SparkSession, **values: int | None) -> DataFrame:
     from pyspark.sql import functions as F
 
     table = pa.table(
-        {f"_p_{name}": pa.array([value], pa.int64()) for name, value in values.items()}
+        {parameter_name(name): pa.array([value], pa.int64()) for name, value in values.items()}
     )
     return F.broadcast(spark.createDataFrame(table))
 
 
-def parameter(name: str) -> Column:
-    """The column of :func:`run_parameters`' value ``name``. O(1)."""
-    from pyspark.sql import functions as F
+def parameter_name(name: str) -> str:
+    """The column name of :func:`run_parameters`' value ``name``, for SQL text. O(1)."""
+    return f"_p_{name}"
 
-    return F.col(f"_p_{name}")
+
+def sql_name(name: str) -> str:
+    """``name`` quoted as a Spark SQL identifier (any characters). O(len)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_in(column: str, values: Sequence[str | int]) -> str:
+    """SQL: ``column`` (SQL text) is one of ``values`` (false for none). O(values)."""
+    if not values:
+        return "false"
+    items = (str(v) if isinstance(v, int) else sql_string(v) for v in values)
+    return f"{column} IN ({', '.join(items)})"
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal (any characters). O(len)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def union_all(frames: list[DataFrame], allow_missing: bool = False) -> DataFrame | None:

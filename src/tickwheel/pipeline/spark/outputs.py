@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..rules import Rules
 from .classify import C_CONFLICT, C_IGNORED, C_LATE, C_REJECTED
-from .frames import parameter
+from .frames import parameter_name, sql_in, sql_name, sql_string
 from .records import key_column, raw_text_columns
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
 __all__ = [
     "BUFFERED_COLUMNS",
@@ -59,103 +59,81 @@ LATE_REASON = "late: event time below the watermark"
 
 
 def _kind(rows: DataFrame, *kinds: str) -> DataFrame:
-    from pyspark.sql import functions as F
+    return rows.where(sql_in("kind", kinds))
 
-    return rows.where(F.col("kind").isin(*kinds))
+
+# The tables' columns are SQL text: one call into the JVM each, where a
+# ``Column`` expression takes one per operator (a micro-batch plans them anew).
 
 
 def outcome_table(rows: DataFrame, with_pending: bool) -> DataFrame:
     """``outcomes``: final outcomes and, ``with_pending``, one ``pending`` row per pending
     operation (what a batch run writes; the stream carries them instead). Lazy."""
-    from pyspark.sql import functions as F
-
     chosen = _kind(rows, "outcome", "pending") if with_pending else _kind(rows, "outcome")
-    return chosen.select(
-        "rule",
-        "key",
-        F.col("id").alias("op_id"),
-        F.col("time").alias("opened_at"),
-        "deadline",
-        F.coalesce(F.col("outcome"), F.lit("pending")).alias("outcome"),
-        "resolved_at",
-        "latency_ms",
+    return chosen.selectExpr(
+        "rule", "key", "id AS op_id", "`time` AS opened_at", "deadline",
+        "coalesce(outcome, 'pending') AS outcome", "resolved_at", "latency_ms",
         "resolve_event_id",
-    )
+    )  # fmt: skip
 
 
 def unmatched_table(rows: DataFrame) -> DataFrame:
     """``unmatched``: complete and cancel events that found no operation, and why. Lazy."""
-    from pyspark.sql import functions as F
-
-    return _kind(rows, "unmatched").select(
-        "rule", "key", F.col("id").alias("event_id"), "event_type",
-        F.col("time").alias("event_time"), "reason",
-    )  # fmt: skip
+    return _kind(rows, "unmatched").selectExpr(
+        "rule", "key", "id AS event_id", "event_type", "`time` AS event_time", "reason"
+    )
 
 
 def buffered_table(rows: DataFrame) -> DataFrame:
     """``buffered``: the events above the watermark, one row per rule, not applied. Lazy."""
-    from pyspark.sql import functions as F
-
-    return _kind(rows, "buffered").select(
-        "rule", "key", F.col("id").alias("event_id"), "event_type",
-        F.col("time").alias("event_time"), "seq",
-    )  # fmt: skip
+    return _kind(rows, "buffered").selectExpr(
+        "rule", "key", "id AS event_id", "event_type", "`time` AS event_time", "seq"
+    )
 
 
-def _with_raw_text(frame: DataFrame, *columns: str | Column) -> DataFrame:
-    """``frame``'s ``columns``, then ``raw`` as valid UTF-8 and ``raw_bytes`` beside it."""
-    from pyspark.sql import functions as F
-
-    text, exact = raw_text_columns(F.col("raw"))
-    return frame.select(*columns, text.alias("raw"), exact.alias("raw_bytes"))
+def _with_raw_text(frame: DataFrame, *columns: str) -> DataFrame:
+    """``frame``'s ``columns`` (SQL), then ``raw`` as valid UTF-8 and ``raw_bytes`` beside it."""
+    text, exact = raw_text_columns("raw")
+    return frame.selectExpr(*columns, f"{text} AS raw", f"{exact} AS raw_bytes")
 
 
 def rejected_table(classified: DataFrame) -> DataFrame:
     """``rejected``: invalid records and conflicting copies, with their reason. Lazy."""
-    from pyspark.sql import functions as F
-
-    rejected = classified.where(F.col("c").isin(C_CONFLICT, C_REJECTED))
+    rejected = classified.where(sql_in("c", (C_CONFLICT, C_REJECTED)))
     return _with_raw_text(rejected, "event_id", "reason")
 
 
 def late_table(classified: DataFrame, rules: Rules) -> DataFrame:
     """``late`` (the stream's): valid records below the previous watermark ``w_prev``
     (a run parameter among the columns of ``classified``), with that watermark. Lazy."""
-    from pyspark.sql import functions as F
-
-    late = classified.where(F.col("c") == C_LATE)
+    late = classified.where(f"c = {C_LATE}")
     return _with_raw_text(
         late,
         "event_id",
         "event_type",
-        F.col("time").alias("event_time"),
-        *[F.col(key_column(i)).alias(name) for i, name in enumerate(rules.key_fields)],
-        parameter("w_prev").alias("watermark"),
-        F.lit(LATE_REASON).alias("reason"),
+        "`time` AS event_time",
+        *[f"{key_column(i)} AS {sql_name(name)}" for i, name in enumerate(rules.key_fields)],
+        f"{parameter_name('w_prev')} AS watermark",
+        f"{sql_string(LATE_REASON)} AS reason",
     )
 
 
-def next_events(classified: DataFrame, rules: Rules, watermark: Column | None) -> DataFrame:
+def next_events(classified: DataFrame, rules: Rules, watermark: str | None) -> DataFrame:
     """The events the stream carries: kept ones at or above the new ``watermark``
-    (a column; None: all), with their raw text, keys as ``k_<field>``. Lazy."""
-    from pyspark.sql import functions as F
-
-    kept = classified.where(F.col("c") <= C_IGNORED)
+    (a column's name; None: all), with their raw text, keys as ``k_<field>``. Lazy."""
+    kept = classified.where(f"c <= {C_IGNORED}")
     if watermark is not None:
-        kept = kept.where(F.col("time") >= watermark)
-    return kept.select(
-        "event_id", "event_type", "time", "seq", "raw",
-        *[F.col(key_column(i)).alias(f"k_{name}") for i, name in enumerate(rules.key_fields)],
+        kept = kept.where(f"`time` >= {sql_name(watermark)}")
+    return kept.selectExpr(
+        "event_id", "event_type", "`time`", "seq", "raw",
+        *[f"{key_column(i)} AS {sql_name(f'k_{name}')}" for i, name in enumerate(rules.key_fields)],
     )  # fmt: skip
 
 
 def next_ops(rows: DataFrame) -> DataFrame:
     """The operations the stream carries: pending ones and expiry markers. Lazy."""
-    from pyspark.sql import functions as F
-
-    return _kind(rows, "pending", "expired").select(
-        "kind", "rule", "key", F.col("id").alias("event_id"), "time", "deadline"
+    return _kind(rows, "pending", "expired").selectExpr(
+        "kind", "rule", "key", "id AS event_id", "`time`", "deadline"
     )
 
 

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..rules import Rules
+from .frames import sql_in, sql_name, sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -101,8 +102,9 @@ def parse_max_future(value: int | str | None) -> int | None:
     return parse_duration(value, "--max-future")
 
 
-def raw_text_columns(raw: Column) -> tuple[Column, Column]:
-    """``raw`` as valid UTF-8 text, and ``raw_bytes``: its exact bytes when it is not.
+def raw_text_columns(raw: str) -> tuple[str, str]:
+    """SQL: the column ``raw`` as valid UTF-8 text, and ``raw_bytes``: its exact bytes
+    when it is not.
 
     Spark keeps a text file's (or a Kafka value's) bytes as they are, so a line
     of random bytes is an invalid UTF-8 string, which Spark writes to Parquet
@@ -111,9 +113,11 @@ def raw_text_columns(raw: Column) -> tuple[Column, Column]:
     (binary) holds the original bytes, or is null when the text was already
     valid, so nothing is lost. O(length) per row.
     """
-    from pyspark.sql import functions as F
-
-    return F.make_valid_utf8(raw), F.when(~F.is_valid_utf8(raw), raw.cast("binary"))
+    column = sql_name(raw)
+    return (
+        f"make_valid_utf8({column})",
+        f"CASE WHEN NOT is_valid_utf8({column}) THEN CAST({column} AS BINARY) END",
+    )
 
 
 def _is_text_or_bytes(frame: DataFrame, column: str) -> bool:
@@ -258,98 +262,102 @@ def rejected_records(
     )
 
 
-def _missing(col: Column) -> Column:
-    from pyspark.sql import functions as F
+def _missing(column: str) -> str:
+    """SQL: the text ``column`` is absent (null or empty)."""
+    return f"({column} IS NULL OR {column} = '')"
 
-    return col.isNull() | (col == F.lit(""))
 
-
-def _time_ms(time_text: Column) -> Column:
-    from pyspark.sql import functions as F
-
+def _time_ms(text: str) -> str:
+    """SQL: the time text ``text`` as epoch ms (an integer, or ISO 8601), else null."""
     return (
-        F.when(time_text.rlike(INT_PATTERN), time_text.try_cast("long"))
-        .when(time_text.rlike(ISO_PATTERN), F.unix_millis(time_text.try_cast("timestamp")))
-        .otherwise(F.lit(None).cast("long"))
+        f"CASE WHEN {text} RLIKE {sql_string(INT_PATTERN)} THEN try_cast({text} AS BIGINT) "
+        f"WHEN {text} RLIKE {sql_string(ISO_PATTERN)} "
+        f"THEN unix_millis(try_cast({text} AS TIMESTAMP)) END"
     )
 
 
-def _sequence(rules: Rules) -> Column:
-    from pyspark.sql import functions as F
-
+def _sequence(rules: Rules) -> str:
+    """SQL: the sequence field as a long (0 when absent), null when it is not an integer."""
     if rules.input.sequence is None:
-        return F.lit(0).cast("long")
-    seq_text = F.col(f"f_{rules.input.sequence}")
+        return "CAST(0 AS BIGINT)"
+    text = _field(rules.input.sequence)
     return (
-        F.when(_missing(seq_text), F.lit(0).cast("long"))
-        .when(seq_text.rlike(INT_PATTERN), seq_text.try_cast("long"))
-        .otherwise(F.lit(None).cast("long"))
+        f"CASE WHEN {_missing(text)} THEN CAST(0 AS BIGINT) "
+        f"WHEN {text} RLIKE {sql_string(INT_PATTERN)} THEN try_cast({text} AS BIGINT) END"
     )
 
 
-def _reason(rules: Rules, max_time_ms: int | Column | None) -> Column:
-    """The first reason a record is rejected for, or null. Reads ``_time`` and ``_seq``."""
-    from pyspark.sql import functions as F
+def _field(name: str) -> str:
+    """SQL: the text column of the record field ``name``."""
+    return sql_name(f"f_{name}")
 
+
+def _reason(rules: Rules, max_time: int | str | None) -> str:
+    """SQL: the first reason a record is rejected for, or null. Reads ``_time`` and ``_seq``.
+
+    ``max_time`` is the far-future limit: epoch ms, or a column's name.
+    """
     cfg = rules.input
-    type_col = F.col(f"f_{cfg.type}")
-    time_col = F.col("_time")
-    time_ok = time_col.isNotNull() & (time_col >= 0) & (time_col <= MAX_TIME_MS)
-    reason = (
-        F.when(F.col("rejected").isNotNull(), F.col("rejected"))
-        .when(F.col("malformed"), F.lit("malformed"))
-        .when(_missing(F.col(f"f_{cfg.id}")), F.lit(f"missing_field:{cfg.id}"))
-        .when(_missing(type_col), F.lit(f"missing_field:{cfg.type}"))
-        .when(_missing(F.col(f"f_{cfg.time}")), F.lit(f"missing_field:{cfg.time}"))
-    )
+    type_text = _field(cfg.type)
+    cases = [
+        ("rejected IS NOT NULL", "rejected"),
+        ("malformed", sql_string("malformed")),
+        *[
+            (_missing(_field(name)), sql_string(f"missing_field:{name}"))
+            for name in (cfg.id, cfg.type, cfg.time)
+        ],
+    ]
     for name in rules.key_fields:
         types = sorted(
             {t for r in rules.rules if r.key == name for t in (*r.open, *r.complete, *r.cancel)}
         )
-        reason = reason.when(
-            type_col.isin(types) & _missing(F.col(f"f_{name}")), F.lit(f"missing_field:{name}")
-        )
-    reason = reason.when(~time_ok, F.lit("bad_time"))
-    if max_time_ms is not None:
-        limit = max_time_ms if not isinstance(max_time_ms, int) else F.lit(max_time_ms)
-        reason = reason.when(time_col > limit, F.lit("far_future"))
-    return reason.when(F.col("_seq").isNull(), F.lit("bad_sequence"))
+        cases.append(
+            (f"{sql_in(type_text, types)} AND {_missing(_field(name))}",
+             sql_string(f"missing_field:{name}"))
+        )  # fmt: skip
+    time_ok = f"_time IS NOT NULL AND _time >= 0 AND _time <= {MAX_TIME_MS}"
+    cases.append((f"NOT ({time_ok})", "'bad_time'"))
+    if max_time is not None:
+        limit = str(max_time) if isinstance(max_time, int) else sql_name(max_time)
+        cases.append((f"_time > {limit}", "'far_future'"))
+    cases.append(("_seq IS NULL", "'bad_sequence'"))
+    return "CASE " + " ".join(f"WHEN {test} THEN {value}" for test, value in cases) + " END"
 
 
-def parse_records(
-    records: DataFrame, rules: Rules, max_time_ms: int | Column | None = None
-) -> DataFrame:
+def parse_records(records: DataFrame, rules: Rules, max_time: int | str | None = None) -> DataFrame:
     """Validate ``records`` (from :func:`record_fields_frame`) with Spark SQL expressions.
 
-    ``max_time_ms`` is the far-future guard's limit: a later event time is
-    rejected as ``far_future`` (None: no guard). It may be a column, such as
-    a run parameter, so that the query's code does not change with it.
+    ``max_time`` is the far-future guard's limit: a later event time is
+    rejected as ``far_future`` (None: no guard). It is epoch ms, or the name
+    of a column, such as a run parameter's, so that the query's code does not
+    change with it.
 
     Output columns: ``raw``, ``reason`` (None for a valid record), ``event_id``,
     ``event_type``, ``time`` (epoch ms), ``seq``, ``k0..kN`` (one per key field of
     the rules, see :func:`key_column`), ``relevant`` (some rule uses the type), and
     the columns of ``records`` whose names start with ``_p_`` (run parameters). Lazy.
-    """
-    from pyspark.sql import functions as F
 
+    The expressions are SQL text: each column is one call into the JVM, where
+    one built from ``Column`` objects takes one call per operator, and a
+    micro-batch plans this stage again each time.
+    """
     cfg = rules.input
-    id_col = F.col(f"f_{cfg.id}")
-    type_col = F.col(f"f_{cfg.type}")
+    id_text, type_text = _field(cfg.id), _field(cfg.type)
     # The time and the sequence (regular expressions and casts) are computed once
     # per record in this projection; the checks below only read the columns.
     # Spark keeps the two projections apart because the expressions are not cheap.
-    records = records.select(
-        "*", _time_ms(F.col(f"f_{cfg.time}")).alias("_time"), _sequence(rules).alias("_seq")
+    records = records.selectExpr(
+        "*", f"{_time_ms(_field(cfg.time))} AS _time", f"{_sequence(rules)} AS _seq"
     )
-    params = [c for c in records.columns if c.startswith("_p_")]
-    return records.select(
+    params = [sql_name(c) for c in records.columns if c.startswith("_p_")]
+    return records.selectExpr(
         "raw",
-        _reason(rules, max_time_ms).alias("reason"),
-        F.when(~_missing(id_col), id_col).alias("event_id"),
-        type_col.alias("event_type"),
-        F.col("_time").alias("time"),
-        F.col("_seq").alias("seq"),
-        *[F.col(f"f_{name}").alias(key_column(i)) for i, name in enumerate(rules.key_fields)],
-        type_col.isin(list(rules.event_types)).alias("relevant"),
+        f"{_reason(rules, max_time)} AS reason",
+        f"CASE WHEN NOT {_missing(id_text)} THEN {id_text} END AS event_id",
+        f"{type_text} AS event_type",
+        "_time AS `time`",
+        "_seq AS seq",
+        *[f"{_field(name)} AS {key_column(i)}" for i, name in enumerate(rules.key_fields)],
+        f"{sql_in(type_text, sorted(rules.event_types))} AS relevant",
         *params,
     )

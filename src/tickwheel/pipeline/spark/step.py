@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..rules import Rules, load_rules
 from .classify import C_EVENT, classify
 from .fanout import rule_events
-from .frames import empty_frame, parameter, run_parameters
+from .frames import empty_frame, parameter_name, run_parameters, sql_in, sql_name
 from .outputs import (
     PartitionStats,
     buffered_table,
@@ -160,27 +160,25 @@ class DelayedOperations:
         refused = rejected_records(self.spark, self.rules, self.options.refused)
         if refused is not None:
             fields = fields.unionByName(refused)
-        limit = None if self.future_limit is None else parameter("limit")
+        limit = None if self.future_limit is None else parameter_name("limit")
         return parse_records(fields.crossJoin(self.params), self.rules, limit)
 
     def _carried_events(self) -> DataFrame | None:
         """The carried events in the columns of the parsed records."""
-        from pyspark.sql import functions as F
-
         events = self.state.events
         if events is None:
             return None
-        return events.crossJoin(self.params).select(
+        return events.crossJoin(self.params).selectExpr(
             "raw",
-            F.lit(None).cast("string").alias("reason"),
+            "CAST(NULL AS STRING) AS reason",
             "event_id",
             "event_type",
-            "time",
+            "`time`",
             "seq",
-            *[F.col(f"`k_{name}`").alias(key_column(i))
+            *[f"{sql_name(f'k_{name}')} AS {key_column(i)}"
               for i, name in enumerate(self.rules.key_fields)],
-            F.col("event_type").isin(list(self.rules.event_types)).alias("relevant"),
-            *[c for c in self.params.columns],
+            f"{sql_in('event_type', sorted(self.rules.event_types))} AS relevant",
+            *[sql_name(c) for c in self.params.columns],
         )  # fmt: skip
 
     def classified(self) -> DataFrame:
@@ -269,30 +267,24 @@ class DelayedOperations:
 
     def _partition_inputs(self) -> DataFrame:
         """The kept events not applied yet, one row per rule, and the carried operations."""
-        from pyspark.sql import functions as F
-
-        classified = self.classified()
-        kept = classified.where((F.col("c") == C_EVENT) & ~F.col("applied"))
-        types = dict(IN_COLUMNS)
-        events = rule_events(kept, self.rules).select(
-            *[
-                F.col(name) if name in ("rule", "key", "time", "seq", "event_id", "event_type")
-                else F.lit(None).cast(types[name]).alias(name)
-                for name in types
-            ]
+        kept = self.classified().where(f"c = {C_EVENT} AND NOT applied")
+        given = ("rule", "key", "time", "seq", "event_id", "event_type")
+        events = rule_events(kept, self.rules).selectExpr(
+            *[sql_name(name) if name in given else f"CAST(NULL AS {ddl}) AS {name}"
+              for name, ddl in IN_COLUMNS]
         )  # fmt: skip
         ops = self.state.ops
         if ops is None:
             return events
         return events.unionByName(
-            ops.select(
-                F.col("kind").alias("state_kind"),
+            ops.selectExpr(
+                "kind AS state_kind",
                 "rule",
                 "key",
-                "time",
-                F.lit(None).cast("long").alias("seq"),
+                "`time`",
+                "CAST(NULL AS BIGINT) AS seq",
                 "event_id",
-                F.lit(None).cast("string").alias("event_type"),
+                "CAST(NULL AS STRING) AS event_type",
                 "deadline",
             )
         )
@@ -341,7 +333,7 @@ class DelayedOperations:
         events = self.classified().crossJoin(params)
         return {
             "events": next_events(
-                events, self.rules, None if watermark is None else parameter("w_new")
+                events, self.rules, None if watermark is None else parameter_name("w_new")
             ),
             "ops": next_ops(self.rows()),
         }

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .classify import C_CONFLICT, C_DUPLICATE, C_EVENT, C_IGNORED, C_LATE, C_REJECTED
+from .frames import sql_in
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -59,17 +60,18 @@ class RecordCounts:
         """One aggregate over the classified records (their first action). O(records)."""
         from pyspark.sql import functions as F
 
-        kept = F.col("c") <= C_IGNORED
-        rejected = F.col("c").isin(C_CONFLICT, C_REJECTED)
+        rejected = sql_in("c", (C_CONFLICT, C_REJECTED))
         rows = (
-            classified.groupBy("c", "old", F.when(rejected, F.col("reason")).alias("r"))
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.min(F.when(kept, F.col("time"))).alias("first"),
-                F.max(F.when(kept, F.col("time"))).alias("last"),
+            classified.selectExpr(
+                "c", "old", f"CASE WHEN {rejected} THEN reason END AS r",
+                f"CASE WHEN c <= {C_IGNORED} THEN `time` END AS kept_time",
             )
+            .groupBy("c", "old", "r")
+            .agg(*[F.expr(f"{agg} AS {name}") for name, agg in (
+                ("n", "count(1)"), ("first", "min(kept_time)"), ("last", "max(kept_time)")
+            )])
             .collect()
-        )
+        )  # fmt: skip
         return cls.from_rows(row.asDict() for row in rows)
 
     @classmethod
