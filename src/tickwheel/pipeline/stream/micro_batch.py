@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..durable import read_json, write_json
 from ..rules import Rules
 from ..spark.classify import EVENT_STATE_COLUMNS
-from ..spark.frames import write_parquet
+from ..spark.frames import sql_name, write_parquet
 from ..spark.outputs import OPS_COLUMNS
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from .checkpoint import StateStore, fault
@@ -71,17 +71,15 @@ class MicroBatch:
 
     def carried_state(self) -> CarriedState:
         """The state the latest committed batch left (nothing before the first). Lazy."""
-        from pyspark.sql import types as T
+        longs = {"time", "seq", "deadline"}
 
-        key_fields = [T.StructField(f"k_{k}", T.StringType()) for k in self.rules.key_fields]
-        types = {"time": T.LongType(), "seq": T.LongType(), "deadline": T.LongType()}
-        events_schema = T.StructType(
-            [T.StructField(c, types.get(c, T.StringType())) for c in EVENT_STATE_COLUMNS]
-            + key_fields
-        )
-        ops_schema = T.StructType(
-            [T.StructField(c, types.get(c, T.StringType())) for c in OPS_COLUMNS]
-        )
+        def ddl(columns: Sequence[str]) -> str:
+            return ", ".join(
+                f"{sql_name(c)} {'bigint' if c in longs else 'string'}" for c in columns
+            )
+
+        keys = [f"k_{k}" for k in self.rules.key_fields]
+        events_schema, ops_schema = ddl([*EVENT_STATE_COLUMNS, *keys]), ddl(OPS_COLUMNS)
         # The schemas are known: giving them spares Spark a job reading the footers.
         frames = {
             name: self.spark.read.schema(schema).parquet(path)
