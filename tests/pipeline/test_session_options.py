@@ -49,6 +49,44 @@ def test_the_worker_daemon_puts_the_installed_pyspark_before_the_zips() -> None:
     assert installed_first(["/a", "/b"]) == ["/a", "/b"]
 
 
+def test_the_local_python_runs_a_module_as_python_m_with_the_installed_pyspark(
+    tmp_path: Path,
+) -> None:
+    """``tickwheel-spark-python -m MODULE ARGS`` under Spark's ``PYTHONPATH`` (the zips
+    first): the module runs as ``__main__`` with its arguments, the current
+    directory first on the path, and PySpark from the installed package."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pyspark
+
+    from tickwheel.pipeline.spark.session import LOCAL_PYTHON, local_python
+
+    launcher = local_python()
+    assert os.path.basename(launcher) == LOCAL_PYTHON  # installed with tickwheel
+    (tmp_path / "probe.py").write_text(
+        "import json, sys, pyspark\n"
+        "print(json.dumps([__name__, sys.argv[1:], sys.path[0], pyspark.__file__]))\n"
+    )
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    zips = [str(p) for p in sorted(lib.glob("*.zip"))]
+    assert any(z.endswith("pyspark.zip") for z in zips)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(zips)}
+    run = subprocess.run(
+        [launcher, "-m", "probe", "a", "--b"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    name, argv, first, imported = json.loads(run.stdout)
+    assert (name, argv, first) == ("__main__", ["a", "--b"], str(tmp_path))
+    assert imported == pyspark.__file__  # not .../pyspark.zip/pyspark/__init__.py
+    version = subprocess.run(
+        [launcher, "--version"], capture_output=True, text=True, timeout=60, check=True
+    )  # any other command line: this interpreter, unchanged
+    assert version.stdout.strip() == f"Python {sys.version.split()[0]}"
+
+
 @pytest.mark.spark
 def test_local_workers_import_pyspark_from_the_installed_package(spark: Any) -> None:
     import pyspark
