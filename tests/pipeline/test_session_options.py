@@ -87,6 +87,28 @@ def test_the_local_python_runs_a_module_as_python_m_with_the_installed_pyspark(
     assert version.stdout.strip() == f"Python {sys.version.split()[0]}"
 
 
+def test_the_local_python_runs_the_daemon_module_without_importing_it_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``-m`` the daemon module itself (imported by the command already) runs
+    ``pyspark.daemon`` directly: running the module again through ``runpy``
+    would warn on stderr that it was found in ``sys.modules``."""
+    import runpy
+    import sys
+
+    from tickwheel.pipeline.spark import worker_daemon
+    from tickwheel.pipeline.spark.session import LOCAL_PYTHON, WORKER_DAEMON
+
+    ran: list[str] = []
+    monkeypatch.setattr(runpy, "run_module", lambda name, **_: ran.append(name))
+    monkeypatch.setattr(sys, "path", ["/bin", "/s/lib/pyspark.zip", "/site"])
+    monkeypatch.setattr(sys, "argv", [LOCAL_PYTHON, "-m", WORKER_DAEMON, "x"])
+    worker_daemon.main()
+    assert ran == ["pyspark.daemon"]
+    assert sys.argv[1:] == ["x"]
+    assert sys.path[1:] == ["/site", "/s/lib/pyspark.zip"]
+
+
 @pytest.mark.spark
 def test_local_workers_import_pyspark_from_the_installed_package(spark: Any) -> None:
     import pyspark

@@ -49,9 +49,17 @@ def main() -> None:
         os.execv(sys.executable, [sys.executable, *args])
     sys.path[:] = [os.getcwd(), *installed_first(sys.path[1:])]  # [0] was this script's dir
     sys.argv = [sys.argv[0], *args[2:]]
-    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    if args[1] == __name__:  # the daemon module, imported already: run it, not again
+        run_daemon()
+    else:
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+
+
+def run_daemon() -> None:
+    """Run ``pyspark.daemon`` as Spark would, with the installed PySpark first."""
+    sys.path[:] = installed_first(sys.path)
+    runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
-    sys.path[:] = installed_first(sys.path)
-    runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
+    run_daemon()
