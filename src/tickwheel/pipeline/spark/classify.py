@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .frames import parameter_name
+from .frames import parameter_name, sql_name
 from .records import key_column
 
 if TYPE_CHECKING:
@@ -64,8 +64,8 @@ def rank_copies(
     kept copy's, nulls equal to nulls. Lazy; one shuffle by ``by`` and a sort
     within it.
     """
-    window = f"OVER (PARTITION BY {', '.join(by)} ORDER BY {', '.join(order)})"
-    same = " AND ".join(f"(`{name}` <=> first(`{name}`) {window})" for name in content)
+    window = f"OVER (PARTITION BY {', '.join(map(sql_name, by))} ORDER BY {', '.join(order)})"
+    same = " AND ".join(f"({sql_name(c)} <=> first({sql_name(c)}) {window})" for c in content)
     return frame.selectExpr("*", f"row_number() {window} AS _rn", f"{same} AS _same")
 
 
