@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..rules import Rules
 from .frames import sql_in, sql_string
-from .records import key_column
+from .records import key_column, used_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -34,7 +34,7 @@ def rule_events(kept: DataFrame, rules: Rules) -> DataFrame:
         return key_column(key_index[rules.rules[rule_index].key])
 
     if len(rules.rules) == 1:
-        frame = kept.where(sql_in("event_type", sorted(rules.event_types)))
+        frame = kept.where(used_type(rules, "event_type"))
         rule_col, key_col = sql_string(rules.rules[0].name), key_of(0)
     else:
         entries = [

@@ -64,6 +64,7 @@ __all__ = [
     "raw_text_columns",
     "record_fields_frame",
     "rejected_records",
+    "used_type",
 ]
 
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
@@ -292,6 +293,11 @@ def _field(name: str) -> str:
     return sql_name(f"f_{name}")
 
 
+def used_type(rules: Rules, column: str) -> str:
+    """SQL: the event type in ``column`` (SQL text) is one some rule uses. O(types)."""
+    return sql_in(column, sorted(rules.event_types))
+
+
 def _reason(rules: Rules, max_time: int | str | None) -> str:
     """SQL: the first reason a record is rejected for, or null. Reads ``_time`` and ``_seq``.
 
@@ -358,6 +364,6 @@ def parse_records(records: DataFrame, rules: Rules, max_time: int | str | None =
         "_time AS `time`",
         "_seq AS seq",
         *[f"{_field(name)} AS {key_column(i)}" for i, name in enumerate(rules.key_fields)],
-        f"{sql_in(type_text, sorted(rules.event_types))} AS relevant",
+        f"{used_type(rules, type_text)} AS relevant",
         *params,
     )

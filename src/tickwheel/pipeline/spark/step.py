@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..rules import Rules, load_rules
 from .classify import C_EVENT, classify
 from .fanout import rule_events
-from .frames import empty_frame, parameter_name, run_parameters, sql_in, sql_name
+from .frames import empty_frame, parameter_name, run_parameters, sql_name
 from .outputs import (
     PartitionStats,
     buffered_table,
@@ -51,6 +51,7 @@ from .records import (
     parse_records,
     record_fields_frame,
     rejected_records,
+    used_type,
 )
 from .watermark import RecordCounts, advance_watermark
 
@@ -177,7 +178,7 @@ class DelayedOperations:
             "seq",
             *[f"{sql_name(f'k_{name}')} AS {key_column(i)}"
               for i, name in enumerate(self.rules.key_fields)],
-            f"{sql_in('event_type', sorted(self.rules.event_types))} AS relevant",
+            f"{used_type(self.rules, 'event_type')} AS relevant",
             *[sql_name(c) for c in self.params.columns],
         )  # fmt: skip
 
