@@ -150,6 +150,11 @@ class Rule:
     cancel: tuple[str, ...]
     timeout_ms: int
 
+    @property
+    def event_types(self) -> tuple[str, ...]:
+        """The types the rule uses: its open, complete and cancel types, in that order. O(types)."""
+        return (*self.open, *self.complete, *self.cancel)
+
     def kind_of(self, event_type: str) -> int | None:
         """KIND_OPEN, KIND_COMPLETE, KIND_CANCEL, or None if the rule ignores the type. O(types)."""
         if event_type in self.open:
@@ -284,7 +289,7 @@ class Rules:
         """Every event type some rule uses, sorted. O(types)."""
         types: set[str] = set()
         for rule in self.rules:
-            types.update(rule.open, rule.complete, rule.cancel)
+            types.update(rule.event_types)
         return tuple(sorted(types))
 
     @property
@@ -421,7 +426,7 @@ def _maxwell_spec(rule: Rule, table: object) -> MaxwellSpec:
     if unused:
         raise MaxwellError(
             f"[rules.{rule.name}.maxwell].events: {unused} are not among the rule's "
-            f"open, complete or cancel types {[*rule.open, *rule.complete, *rule.cancel]}"
+            f"open, complete or cancel types {list(rule.event_types)}"
         )
     return spec
 

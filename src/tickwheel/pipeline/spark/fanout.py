@@ -38,7 +38,7 @@ def rule_events(kept: DataFrame, rules: Rules) -> DataFrame:
         rule_col, key_col = sql_string(rules.rules[0].name), key_of(0)
     else:
         entries = [
-            f"CASE WHEN {sql_in('event_type', [*rule.open, *rule.complete, *rule.cancel])} "
+            f"CASE WHEN {sql_in('event_type', rule.event_types)} "
             f"THEN named_struct('r', {sql_string(rule.name)}, 'k', {key_of(index)}) END"
             for index, rule in enumerate(rules.rules)
         ]

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
+    "PARAMETER_PREFIX",
     "empty_frame",
     "parameter_name",
     "run_parameters",
@@ -62,9 +63,13 @@ def run_parameters(spark: SparkSession, **values: int | None) -> DataFrame:
     return F.broadcast(spark.createDataFrame(table))
 
 
+#: The prefix of :func:`run_parameters`' column names.
+PARAMETER_PREFIX = "_p_"
+
+
 def parameter_name(name: str) -> str:
     """The column name of :func:`run_parameters`' value ``name``, for SQL text. O(1)."""
-    return f"_p_{name}"
+    return f"{PARAMETER_PREFIX}{name}"
 
 
 def sql_name(name: str) -> str:

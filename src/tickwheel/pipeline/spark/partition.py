@@ -246,7 +246,7 @@ def _event_input(
     kind_of = {
         (rule.name, etype): (i, rule.kind_of(etype))
         for i, rule in enumerate(rules.rules)
-        for etype in (*rule.open, *rule.complete, *rule.cancel)
+        for etype in rule.event_types
     }
     for start in range(0, ordered.num_rows, SLICE_ROWS):
         part = ordered.slice(start, SLICE_ROWS)

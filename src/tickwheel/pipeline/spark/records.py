@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..rules import Rules
-from .frames import sql_in, sql_name, sql_string
+from .frames import PARAMETER_PREFIX, sql_in, sql_name, sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -295,7 +295,7 @@ def _field(name: str) -> str:
 
 def used_type(rules: Rules, column: str) -> str:
     """SQL: the event type in ``column`` (SQL text) is one some rule uses. O(types)."""
-    return sql_in(column, sorted(rules.event_types))
+    return sql_in(column, rules.event_types)
 
 
 def _reason(rules: Rules, max_time: int | str | None) -> str:
@@ -314,9 +314,7 @@ def _reason(rules: Rules, max_time: int | str | None) -> str:
         ],
     ]
     for name in rules.key_fields:
-        types = sorted(
-            {t for r in rules.rules if r.key == name for t in (*r.open, *r.complete, *r.cancel)}
-        )
+        types = sorted({t for r in rules.rules if r.key == name for t in r.event_types})
         cases.append(
             (f"{sql_in(type_text, types)} AND {_missing(_field(name))}",
              sql_string(f"missing_field:{name}"))
@@ -355,7 +353,7 @@ def parse_records(records: DataFrame, rules: Rules, max_time: int | str | None =
     records = records.selectExpr(
         "*", f"{_time_ms(_field(cfg.time))} AS _time", f"{_sequence(rules)} AS _seq"
     )
-    params = [sql_name(c) for c in records.columns if c.startswith("_p_")]
+    params = [sql_name(c) for c in records.columns if c.startswith(PARAMETER_PREFIX)]
     return records.selectExpr(
         "raw",
         f"{_reason(rules, max_time)} AS reason",
