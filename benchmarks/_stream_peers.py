@@ -419,9 +419,10 @@ class ProgressLog:
             def onQueryProgress(self, event: Any) -> None:
                 progress = event.progress
                 ms = progress.durationMs.get("triggerExecution", 0)
-                log.batches.append(
-                    {"batch": progress.batchId, "rows": progress.numInputRows, "ms": ms}
-                )
+                # A batch with input moved a source's offset. (tickwheel's file
+                # source reports no input rows: its driver reads the logs.)
+                moved = any(s.startOffset != s.endOffset for s in progress.sources)
+                log.batches.append({"batch": progress.batchId, "data": moved, "ms": ms})
 
             def onQueryIdle(self, event: Any) -> None:
                 pass

@@ -199,7 +199,7 @@ class _Target:
 
 def _batches(progress: list[dict[str, Any]]) -> str:
     """The micro-batches a query ran: with data, plus those without (watermark moves)."""
-    data = sum(1 for batch in progress if batch["rows"])
+    data = sum(1 for batch in progress if batch["data"])
     empty = len(progress) - data
     return f"{data}+{empty}" if empty else str(data)
 
@@ -377,8 +377,8 @@ class _Bench:
         for _attempt in range(self.args.repeat):
             self.log.reset()
             self.stream(inp, "fixed")
-            stream_ms += [batch["ms"] for batch in self.log.wait()[1:] if batch["rows"]]
-            floor_ms += [batch["ms"] for batch in self.floor(inp, "fixed")[1][1:] if batch["rows"]]
+            stream_ms += [batch["ms"] for batch in self.log.wait()[1:] if batch["data"]]
+            floor_ms += [batch["ms"] for batch in self.floor(inp, "fixed")[1][1:] if batch["data"]]
         stream_s, floor_s = statistics.median(stream_ms) / 1e3, statistics.median(floor_ms) / 1e3
         label = f"fixed cost of a micro-batch of {records // k:,} records, warm"
         self.targets.append(_Target(f"{label}: stream", stream_s, "s", "<= 0.5 s", stream_s <= 0.5))

@@ -16,6 +16,7 @@ from tickwheel.pipeline.stream.file_source import (
     FilesPartition,
     OrderedFileReader,
     list_new_files,
+    logged_batch_files,
 )
 from tickwheel.pipeline.stream.micro_batch import abnormal_batch_warnings
 
@@ -56,6 +57,69 @@ def test_the_log_keeps_its_order_and_survives_a_torn_append(tmp_path: Path) -> N
     again = FileLog(log.path)
     assert again.paths == log.paths
     assert Path(log.path).read_bytes().endswith(b"\n")
+
+
+def test_a_reader_beside_the_source_reads_whole_appends_and_repairs_nothing(
+    tmp_path: Path,
+) -> None:
+    """repair=False: a partial last line is an append in progress, left in place
+    and read by a later refresh once whole; entries appended later are read too."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    _touch(inp / "a", 1000)
+    source = FileLog(str(tmp_path / "files.log"))
+    source.take_new(str(inp))
+    with open(source.path, "ab") as fh:
+        fh.write(b'{"path": "/in/b"')  # the source is mid-append
+    reader = FileLog(source.path, repair=False)
+    assert [os.path.basename(p) for p in reader.paths] == ["a"]
+    assert Path(source.path).read_bytes().endswith(b'"/in/b"')  # not cut off
+    with open(source.path, "ab") as fh:
+        fh.write(b"}\n")
+    assert reader.refresh() == 1 and reader.paths[-1] == "/in/b"
+    assert reader.refresh() == 0 and len(reader) == 2
+
+
+def _log_offsets(spark_checkpoint: Path, *taken: int) -> None:
+    """Spark's offset log as the streaming engine writes it, one batch per value."""
+    (spark_checkpoint / "offsets").mkdir(parents=True)
+    for batch_id, n in enumerate(taken):
+        (spark_checkpoint / "offsets" / str(batch_id)).write_text(
+            'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}\n' + f'{{"taken": {n}}}'
+        )
+
+
+def test_a_batchs_files_come_from_sparks_offsets_and_the_file_log(tmp_path: Path) -> None:
+    """Batch N takes the log's entries from batch N-1's offset to its own; any
+    offset the source did not write, or a log shorter than the offsets, gives
+    None (the caller reads the rows instead)."""
+    log = FileLog(str(tmp_path / "files.log"))
+    inp = tmp_path / "in"
+    inp.mkdir()
+    for i in range(5):
+        _touch(inp / f"f{i}", 1000 + i)
+    log.take_new(str(inp))
+    spark_ck = tmp_path / "spark"
+    _log_offsets(spark_ck, 2, 2, 5)
+    reader = FileLog(log.path, repair=False)
+    names = [
+        [os.path.basename(p) for p in files]
+        for files in (logged_batch_files(str(spark_ck), reader, b) for b in range(3))
+        if files is not None
+    ]
+    assert names == [["f0", "f1"], [], ["f2", "f3", "f4"]]
+    assert logged_batch_files(str(spark_ck), reader, 3) is None  # not logged yet
+    offsets = spark_ck / "offsets"
+    for bad in ("v2\n{}\n{\"taken\": 7}", "v1\n{}\n{\"other\": 1}", "v1\n{}\n-",
+                "v1\n{}\n{\"taken\": 9}", "v1\n{}\n{\"taken\": 1}", "v1\n{}"):  # fmt: skip
+        (offsets / "3").write_text(bad)  # unknown, not ours, past the log, before the start
+        assert logged_batch_files(str(spark_ck), reader, 3) is None, bad
+    (offsets / "3").write_text('v1\n{}\n{"taken": 6}')
+    _touch(inp / "f5", 2000)
+    log.take_new(str(inp))  # appended after the reader loaded the log
+    assert [os.path.basename(p) for p in logged_batch_files(str(spark_ck), reader, 3) or []] == [
+        "f5"
+    ]
 
 
 def test_offsets_respect_the_read_limit_and_available_now(tmp_path: Path) -> None:

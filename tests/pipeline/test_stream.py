@@ -157,6 +157,36 @@ def test_a_micro_batch_sizes_its_purgatory_by_its_rows(
         assert last["written_by"] == "spark"  # its rows exceed one partition's 50
 
 
+class _FilesCheckedJob(StreamJob):
+    """A stream job that also reads each batch's files from its rows, to compare."""
+
+    seen: list[tuple[list[str], list[str]]]
+
+    def _files(self, files_df: Any, batch_id: int) -> list[str]:
+        listed = super()._files(files_df, batch_id)
+        self.seen.append((listed, [r["path"] for r in files_df.collect()]))
+        return listed
+
+
+def test_each_batchs_files_come_from_the_logs_as_its_rows_give_them(
+    spark: Any, tmp_path: Path, orders: dict[str, Any]
+) -> None:
+    """The driver takes a batch's files from Spark's offset log and the file log
+    (no job): the same files, in the same order, as the source's rows for the
+    batch."""
+    from tickwheel.pipeline.stream.file_source import FileLog, logged_batch_files
+
+    feed(orders["files"][:6], tmp_path / "in", 3)
+    job = _FilesCheckedJob(_config(tmp_path, orders["rules"], max_files_per_trigger=2), spark=spark)
+    job.seen = []
+    with job:
+        assert job.run()["batches_run"] == 2
+    assert [len(from_logs) for from_logs, _ in job.seen] == [2, 1]
+    assert all(from_logs == from_rows for from_logs, from_rows in job.seen)
+    log = FileLog(str(tmp_path / "ck" / "tickwheel" / "files.log"), repair=False)
+    assert logged_batch_files(str(tmp_path / "ck" / "spark"), log, 1) == job.seen[1][0]
+
+
 def test_rows_per_partition_must_be_a_positive_int(spark: Any, tmp_path: Path) -> None:
     """A bad ``rows_per_partition`` is refused, naming the option."""
     from tickwheel.pipeline.spark.step import DelayedOperations, StepOptions

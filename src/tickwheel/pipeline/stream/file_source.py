@@ -17,6 +17,8 @@ source promises the order:
 
 The log is ``CK/tickwheel/files.log``, one JSON object per line, fsynced on
 each append. A torn last line (a crash mid-append) is dropped when it is read.
+The driver learns a micro-batch's files from this log and the offsets Spark
+logged for the batch (:func:`logged_batch_files`), without reading its rows.
 
 It is a PySpark Python data source (``tickwheel_files``, Spark 4.2 or newer for
 ``maxFilesPerTrigger``), so Spark's streaming engine still runs the triggers,
@@ -40,7 +42,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-__all__ = ["FileLog", "OrderedFileSource", "list_new_files"]
+__all__ = ["FileLog", "OrderedFileSource", "list_new_files", "logged_batch_files"]
 
 SOURCE_NAME = "tickwheel_files"
 
@@ -70,39 +72,95 @@ def list_new_files(directory: str, seen: set[str]) -> list[str]:
 class FileLog:
     """The append-only, ordered list of the files the source has taken."""
 
-    def __init__(self, path: str) -> None:
-        """Load the log at ``path`` (created on the first append). O(entries)."""
+    def __init__(self, path: str, *, repair: bool = True) -> None:
+        """Load the log at ``path`` (created on the first append). O(entries).
+
+        ``repair`` (the source's own log, before it appends): a torn last line,
+        left by a crash mid-append, is cut off. A reader beside a running source
+        passes False: a partial last line may be an append in progress, which
+        a later :meth:`refresh` reads once it is whole.
+        """
         self.path = path
         self.paths: list[str] = []
         self._seen: set[str] = set()
-        if os.path.exists(path):
-            with open(path, "rb") as fh:
-                data = fh.read()
-            complete = data[: data.rfind(b"\n") + 1]
-            if len(complete) != len(data):  # a torn append: drop it
-                with open(path, "r+b") as fh:
-                    fh.truncate(len(complete))
-            for line in complete.splitlines():
-                entry = json.loads(line)
-                self.paths.append(entry["path"])
-                self._seen.add(entry["path"])
+        self._read = 0  # bytes of whole lines read so far
+        self.refresh(repair=repair)
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def refresh(self, *, repair: bool = False) -> int:
+        """Read the whole lines appended since the last read; return how many. O(new)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._read)
+                data = fh.read()
+        except FileNotFoundError:
+            return 0
+        complete = data[: data.rfind(b"\n") + 1]
+        if repair and len(complete) != len(data):  # a torn append: drop it
+            with open(self.path, "r+b") as fh:
+                fh.truncate(self._read + len(complete))
+        lines = complete.splitlines()
+        for line in lines:
+            path = json.loads(line)["path"]
+            self.paths.append(path)
+            self._seen.add(path)
+        self._read += len(complete)
+        return len(lines)
 
     def take_new(self, directory: str) -> int:
         """Append the directory's new files, in order, durably; return how many. O(listing)."""
         new = list_new_files(directory, self._seen)
         if new:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            appended = b"".join(json.dumps({"path": path}).encode() + b"\n" for path in new)
             with open(self.path, "ab") as fh:
-                for path in new:
-                    fh.write(json.dumps({"path": path}).encode() + b"\n")
+                fh.write(appended)
                 fh.flush()
                 os.fsync(fh.fileno())
             self.paths.extend(new)
             self._seen.update(new)
+            self._read += len(appended)
         return len(new)
+
+
+def logged_batch_files(spark_checkpoint: str, log: FileLog, batch_id: int) -> list[str] | None:
+    """The files micro-batch ``batch_id`` takes, from the offsets Spark logged for it.
+
+    Before a batch runs, Spark's streaming engine writes its end offset to
+    ``<spark_checkpoint>/offsets/<batch_id>`` (a version line, a metadata
+    line, then one offset per source); its start is the previous batch's
+    end. This source's offsets are positions in ``log`` (read beside the
+    running source: ``repair=False``), so the batch's files are a slice of
+    it, known in the driver without running the batch's rows through a Spark
+    job and a Python worker. None when the offsets are not one
+    ``{"taken": n}`` per batch, or ``log`` is shorter than they say: then
+    read the rows. O(1) plus the log's new entries.
+    """
+    start, end = (
+        _logged_offset(spark_checkpoint, batch_id - 1),
+        _logged_offset(spark_checkpoint, batch_id),
+    )
+    if start is None or end is None or start > end:
+        return None
+    if end > len(log):
+        log.refresh()
+    return log.paths[start:end] if end <= len(log) else None
+
+
+def _logged_offset(spark_checkpoint: str, batch_id: int) -> int | None:
+    """``taken`` of the offset Spark logged for ``batch_id`` (0 before the first)."""
+    if batch_id < 0:
+        return 0
+    try:
+        with open(os.path.join(spark_checkpoint, "offsets", str(batch_id)), "rb") as fh:
+            lines = fh.read().decode("utf-8").splitlines()
+        offset = json.loads(lines[2]) if len(lines) == 3 and lines[0] == "v1" else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    taken = offset.get("taken") if isinstance(offset, dict) else None
+    return taken if type(taken) is int and taken >= 0 else None
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
     from ..sinks import BatchSink
+    from .file_source import FileLog
 
 __all__ = [
     "FAULT_POINTS",
@@ -187,11 +188,14 @@ class BatchRunner:
         return summary
 
 
-def _plan(store: StateStore, batch_id: int, **more: Any) -> dict[str, Any]:
-    """The micro-batch's write-ahead plan: its processing time (and ``more``), made once."""
-    return store.plan(
-        batch_id, lambda: {"batch_id": batch_id, **more, "now_ms": int(time.time() * 1000)}
-    )
+def _plan(store: StateStore, batch_id: int) -> dict[str, Any]:
+    """The micro-batch's write-ahead plan: its processing time, made once."""
+    return store.plan(batch_id, lambda: _new_plan(batch_id))
+
+
+def _new_plan(batch_id: int, **more: Any) -> dict[str, Any]:
+    """A new write-ahead plan: the batch id, ``more``, and the processing time now."""
+    return {"batch_id": batch_id, **more, "now_ms": int(time.time() * 1000)}
 
 
 def _checkpoint_root(checkpoint: str) -> tuple[str, StateStore, CheckpointLock]:
@@ -342,6 +346,7 @@ class StreamJob:
         self.root, self.store, self._lock = _checkpoint_root(self.checkpoint)
         self._spark = spark
         self._batch_spark: SparkSession | None = None
+        self._file_log: FileLog | None = None  # the source's file log, read in the driver
         self.sink: BatchSink | None = None
         self.options: StepOptions | None = None
 
@@ -382,7 +387,7 @@ class StreamJob:
             return self.config.jit == "c1"
         if parse_trigger(self.config.trigger)[0] == "interval":
             return False
-        taken = set(FileLog(os.path.join(self.root, "files.log")).paths)
+        taken = set(FileLog(os.path.join(self.root, "files.log"), repair=False).paths)
         new_bytes = 0
         for path in list_new_files(self.config.input, taken):
             with contextlib.suppress(FileNotFoundError):  # removed since listed
@@ -447,10 +452,28 @@ class StreamJob:
     def _on_batch(
         self, files_df: DataFrame, batch_id: int
     ) -> tuple[Mapping[str, Any], dict[str, Any]]:
-        """Micro-batch ``batch_id`` of the files the source listed (in its order)."""
-        listed = [r["path"] for r in files_df.collect()]
-        plan = _plan(self.store, batch_id, files=listed)
+        """Micro-batch ``batch_id`` of the files the source listed (in its order).
+
+        A replay reuses the plan its first attempt wrote, files included.
+        """
+
+        def new_plan() -> dict[str, Any]:
+            return _new_plan(batch_id, files=self._files(files_df, batch_id))
+
+        plan = self.store.plan(batch_id, new_plan)
         return plan, self._run_batch(batch_id, plan)
+
+    def _files(self, files_df: DataFrame, batch_id: int) -> list[str]:
+        """The files of micro-batch ``batch_id``: from the logs, else from its rows."""
+        from .file_source import FileLog, logged_batch_files
+
+        if self._file_log is None:
+            self._file_log = FileLog(os.path.join(self.root, "files.log"), repair=False)
+        spark_checkpoint = os.path.join(self.checkpoint, "spark")
+        listed = logged_batch_files(spark_checkpoint, self._file_log, batch_id)
+        if listed is None:  # not the offsets this source logs: one Spark job reads the rows
+            listed = [r["path"] for r in files_df.collect()]
+        return listed
 
     def _run_batch(self, batch_id: int, plan: Mapping[str, Any]) -> dict[str, Any]:
         """Compute and commit micro-batch ``batch_id`` from its plan's files; its counts."""
