@@ -198,6 +198,11 @@ def _new_plan(batch_id: int, **more: Any) -> dict[str, Any]:
     return {"batch_id": batch_id, **more, "now_ms": int(time.time() * 1000)}
 
 
+def _spark_checkpoint(checkpoint: str) -> str:
+    """Where Spark keeps its own checkpoint (offsets, commits) under ``checkpoint``."""
+    return os.path.join(checkpoint, "spark")
+
+
 def _checkpoint_root(checkpoint: str) -> tuple[str, StateStore, CheckpointLock]:
     """The checkpoint's tickwheel directory, its state store and its lock (taken)."""
     root = os.path.join(os.path.abspath(checkpoint), "tickwheel")
@@ -266,7 +271,7 @@ def start_stream(
 
         runner = BatchRunner(store, batch_sink, process, quiet=quiet)
         writer = records.writeStream.foreachBatch(runner).option(
-            "checkpointLocation", os.path.join(os.path.abspath(checkpoint), "spark")
+            "checkpointLocation", _spark_checkpoint(os.path.abspath(checkpoint))
         )
         query = _with_trigger(writer, trigger).start()
     except BaseException:
@@ -346,6 +351,7 @@ class StreamJob:
         self.root, self.store, self._lock = _checkpoint_root(self.checkpoint)
         self._spark = spark
         self._batch_spark: SparkSession | None = None
+        self._file_log_path = os.path.join(self.root, "files.log")
         self._file_log: FileLog | None = None  # the source's file log, read in the driver
         self.sink: BatchSink | None = None
         self.options: StepOptions | None = None
@@ -387,7 +393,7 @@ class StreamJob:
             return self.config.jit == "c1"
         if parse_trigger(self.config.trigger)[0] == "interval":
             return False
-        taken = set(FileLog(os.path.join(self.root, "files.log"), repair=False).paths)
+        taken = set(FileLog(self._file_log_path, repair=False).paths)
         new_bytes = 0
         for path in list_new_files(self.config.input, taken):
             with contextlib.suppress(FileNotFoundError):  # removed since listed
@@ -468,8 +474,8 @@ class StreamJob:
         from .file_source import FileLog, logged_batch_files
 
         if self._file_log is None:
-            self._file_log = FileLog(os.path.join(self.root, "files.log"), repair=False)
-        spark_checkpoint = os.path.join(self.checkpoint, "spark")
+            self._file_log = FileLog(self._file_log_path, repair=False)
+        spark_checkpoint = _spark_checkpoint(self.checkpoint)
         listed = logged_batch_files(spark_checkpoint, self._file_log, batch_id)
         if listed is None:  # not the offsets this source logs: one Spark job reads the rows
             listed = [r["path"] for r in files_df.collect()]
@@ -524,13 +530,11 @@ class StreamJob:
         # Spark's own file source orders files by modification time only; this
         # one by (modification time, name), logged in the checkpoint.
         spark.dataSource.register(OrderedFileSource)
-        reader = spark.readStream.format(SOURCE_NAME).option(
-            "log", os.path.join(self.root, "files.log")
-        )
+        reader = spark.readStream.format(SOURCE_NAME).option("log", self._file_log_path)
         if config.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", str(config.max_files_per_trigger))
         writer = reader.load(os.path.abspath(config.input)).writeStream.foreachBatch(runner)
-        writer = writer.option("checkpointLocation", os.path.join(self.checkpoint, "spark"))
+        writer = writer.option("checkpointLocation", _spark_checkpoint(self.checkpoint))
         started = time.perf_counter()
         query = _with_trigger(writer, config.trigger).start()
         try:
