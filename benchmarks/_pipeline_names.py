@@ -13,11 +13,11 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import Rule, Rules, load_rules
 from tickwheel.pipeline.sinks import make_sink
 from tickwheel.pipeline.spark.records import INT_PATTERN, ISO_PATTERN
-from tickwheel.pipeline.spark.session import create_session
+from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
 from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
 
 __all__ = [
-    "INT_PATTERN", "ISO_PATTERN", "Event", "PartitionProcessor", "Rule", "Rules", "StreamConfig",
-    "StreamJob", "create_session", "generate_orders", "load_rules", "make_sink",
-    "read_stream_outputs", "run_job",
+    "INT_PATTERN", "ISO_PATTERN", "STREAM_SESSION_CONF", "Event", "PartitionProcessor", "Rule",
+    "Rules", "StreamConfig", "StreamJob", "create_session", "generate_orders", "load_rules",
+    "make_sink", "read_stream_outputs", "run_job",
 ]  # fmt: skip

@@ -76,6 +76,7 @@ from typing import Any
 import _stream_peers as peers
 from _cli_comparison import cli_comparison
 from _pipeline_names import (
+    STREAM_SESSION_CONF,
     Rule,
     Rules,
     StreamConfig,
@@ -482,7 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-inc-"))
     work.mkdir(parents=True, exist_ok=True)
-    spark = create_session("local[2]", shuffle_partitions=args.partitions)
+    # The stream's session settings, as the CLI's stream starts its own session.
+    spark = create_session("local[2]", shuffle_partitions=args.partitions,
+                           conf=STREAM_SESSION_CONF)  # fmt: skip
     # As the CLI's stream does; and transformWithState logs a WARN line for
     # every read of an empty state (each new key), which would slow its peers.
     spark.sparkContext.setLogLevel("ERROR")

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from support.reference import iter_input_lines, run_reference
     from tickwheel.pipeline.generate import generate_orders
     from tickwheel.pipeline.rules import load_rules, parse_duration
-    from tickwheel.pipeline.spark.session import create_session
+    from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-retention-"))
     gen = work / "gen"
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     files = sorted(gen.glob("part-*.jsonl"))[: args.increments]
     lines = [line for file in files for line in iter_input_lines(file)]
-    spark = create_session("local[2]", shuffle_partitions=args.partitions)
+    spark = create_session("local[2]", shuffle_partitions=args.partitions, conf=STREAM_SESSION_CONF)
     print(f"python {sys.version.split()[0]}, spark {spark.version}, local[2], work {work}")
     runs: dict[str, list[tuple[int, int]]] = {}
     retention_ms = None

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from tickwheel.pipeline.batch import run_job
     from tickwheel.pipeline.generate import generate_orders
     from tickwheel.pipeline.rules import load_rules
-    from tickwheel.pipeline.spark.session import create_session
+    from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="profile-pipeline-"))
     events_dir = work / "events"
@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rules = load_rules(rules_path)
     conf = {
+        **STREAM_SESSION_CONF,  # as the CLI's stream runs
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": str(events_dir),
         "spark.eventLog.compress": "false",

@@ -45,7 +45,7 @@ def spark() -> Iterator[SparkSession]:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from tickwheel.pipeline.sinks import spark_jdbc_conf
-    from tickwheel.pipeline.spark.session import create_session
+    from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
 
     session = create_session(
         "local[2]",
@@ -56,6 +56,8 @@ def spark() -> Iterator[SparkSession]:
             "spark.sql.execution.arrow.maxRecordsPerBatch": "500",
             # the JDBC sinks' Debian jars (SQLite, PostgreSQL), when installed
             **spark_jdbc_conf(),
+            # the stream's checkpoint logs, as tickwheel pipeline stream writes them
+            **STREAM_SESSION_CONF,
         },
     )
     try:

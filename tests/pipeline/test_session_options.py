@@ -208,3 +208,43 @@ def test_a_bounded_stream_over_a_small_backlog_runs_c1_only(tmp_path: Path) -> N
     assert quick(trigger="available-now")
     with pytest.raises(StreamError, match="--jit: expected auto, c1 or c2, got 'c3'"):
         quick(jit="c3")
+
+
+@pytest.mark.spark
+def test_the_clis_stream_writes_sparks_checkpoint_logs_through_the_file_system_api(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pipeline stream`` starts its session with STREAM_SESSION_CONF, and with it
+    Spark builds the checkpoint file manager that runs no ``readlink`` process."""
+    from tickwheel.pipeline.spark import session
+    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
+
+    given: dict[str, Any] = {}
+
+    def recording_create_session(**kw: Any) -> Any:
+        given.update(kw["conf"])
+        return spark
+
+    monkeypatch.setattr(session, "create_session", recording_create_session)
+    rules = tmp_path / "r.toml"
+    rules.write_text(EXAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "in").mkdir()
+    config = StreamConfig(str(rules), str(tmp_path / "in"), str(tmp_path / "o"),
+                          str(tmp_path / "ck"), jit="c2")  # fmt: skip
+    with StreamJob(config) as job:
+        assert job._session() is spark
+    name = "spark.sql.streaming.checkpointFileManagerClass"
+    assert given[name] == session.STREAM_SESSION_CONF[name]
+    jvm = spark.sparkContext._jvm
+    checkpointing = jvm.org.apache.spark.sql.execution.streaming.checkpointing
+    stream_session = spark.newSession()
+    stream_session.conf.set(name, given[name])
+
+    def manager(s: Any) -> str:
+        hadoop_conf = s._jsparkSession.sessionState().newHadoopConf()
+        path = jvm.org.apache.hadoop.fs.Path(str(tmp_path / "ck" / "spark"))
+        return str(checkpointing.CheckpointFileManager.create(path, hadoop_conf).getClass().getName())
+
+    assert manager(stream_session) == given[name]
+    stream_session.conf.unset(name)
+    assert manager(stream_session).endswith(".FileContextBasedCheckpointFileManager")  # Spark's

@@ -330,7 +330,11 @@ class StreamConfig:
 
 
 class StreamJob:
-    """``tickwheel pipeline stream``: a directory of arriving files through the stream."""
+    """``tickwheel pipeline stream``: a directory of arriving files through the stream.
+
+    The job runs in ``spark`` as the caller set it up; without one, it starts
+    its own session, with :data:`~..spark.session.STREAM_SESSION_CONF`.
+    """
 
     def __init__(self, config: StreamConfig, spark: SparkSession | None = None) -> None:
         """Validate the options and take the checkpoint lock (refused if held). O(1)."""
@@ -407,9 +411,9 @@ class StreamJob:
 
         from ..sinks import spark_jdbc_conf
         from ..spark.class_archive import startup_note
-        from ..spark.session import create_session
+        from ..spark.session import STREAM_SESSION_CONF, create_session
 
-        conf = {"spark.sql.session.timeZone": "UTC", **spark_jdbc_conf()}
+        conf = {"spark.sql.session.timeZone": "UTC", **spark_jdbc_conf(), **STREAM_SESSION_CONF}
         master = self.config.master or "local[2]"
         archive, classes = startup_note(master)
         quick = self.quick_jit()
