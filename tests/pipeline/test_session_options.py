@@ -243,7 +243,9 @@ def test_the_clis_stream_writes_sparks_checkpoint_logs_through_the_file_system_a
     def manager(s: Any) -> str:
         hadoop_conf = s._jsparkSession.sessionState().newHadoopConf()
         path = jvm.org.apache.hadoop.fs.Path(str(tmp_path / "ck" / "spark"))
-        return str(checkpointing.CheckpointFileManager.create(path, hadoop_conf).getClass().getName())
+        return str(
+            checkpointing.CheckpointFileManager.create(path, hadoop_conf).getClass().getName()
+        )
 
     assert manager(stream_session) == given[name]
     stream_session.conf.unset(name)
