@@ -157,6 +157,33 @@ def test_a_micro_batch_sizes_its_purgatory_by_its_rows(
         assert last["written_by"] == "spark"  # its rows exceed one partition's 50
 
 
+def test_a_micro_batch_that_fits_one_partition_runs_it_in_the_driver(
+    spark: Any, tmp_path: Path, orders: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the default size every micro-batch here fits one partition: the driver
+    runs its purgatory (no shuffle, no Python worker) and holds its classified
+    records, and the outputs of 5 micro-batches are still the reference's."""
+    from tickwheel.pipeline.spark import frames, step
+
+    def no_spark_partitions(*_args: Any, **_kw: Any) -> Any:
+        raise AssertionError("a micro-batch that fits one partition went to Spark's partitions")
+
+    copies: list[int] = []
+
+    def counted_copy(frame: Any) -> Any:
+        copies.append(1)
+        return frames.driver_copy(frame)
+
+    monkeypatch.setattr(step, "run_partitions", no_spark_partitions)
+    monkeypatch.setattr(step, "driver_copy", counted_copy)
+    feed(orders["files"], tmp_path / "in", 5)
+    summary = _run(spark, tmp_path, orders["rules"], partitions=2, max_files_per_trigger=1)
+    assert summary["batches_run"] == 5
+    assert len(copies) == 5
+    assert {m["written_by"] for m in _committed_metas(tmp_path)} == {"driver"}
+    compare_with_reference(summary["outputs"], orders["ref"])
+
+
 class _FilesCheckedJob(StreamJob):
     """A stream job that also reads each batch's files from its rows, to compare."""
 

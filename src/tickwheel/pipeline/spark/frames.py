@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PARAMETER_PREFIX",
+    "driver_copy",
     "empty_frame",
     "parameter_name",
     "run_parameters",
@@ -40,6 +41,18 @@ def empty_frame(spark: SparkSession, schema: StructType | str) -> DataFrame:
     return spark.range(0).select(
         *[F.lit(None).cast(field.dataType).alias(field.name) for field in struct.fields]
     )
+
+
+def driver_copy(frame: DataFrame) -> DataFrame:
+    """``frame``'s rows, collected to the driver as Arrow, as a local relation. One job.
+
+    Spark plans the filters and projections of a local relation in the driver
+    (its optimizer folds them into a new local relation), so the queries that
+    read it run no task: for a frame of a few thousand rows read by several
+    queries, that saves each of them a job over a cache. Every row passes
+    through the driver's memory, so it is for small frames only.
+    """
+    return frame.sparkSession.createDataFrame(frame.toArrow())
 
 
 def run_parameters(spark: SparkSession, **values: int | None) -> DataFrame:

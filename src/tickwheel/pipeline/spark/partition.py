@@ -48,6 +48,7 @@ __all__ = [
     "OUT_COLUMNS",
     "OUT_DDL",
     "partition_function",
+    "run_partition_in_driver",
     "run_partitions",
 ]
 
@@ -100,6 +101,27 @@ def run_partitions(
     return inputs.repartition(partitions, "rule", "key").mapInArrow(
         partition_function(rules, start_ms, watermark_ms), OUT_DDL
     )
+
+
+def run_partition_in_driver(
+    inputs: DataFrame, rules: Rules, start_ms: int | None, watermark_ms: int
+) -> DataFrame:
+    """``inputs`` as one partition through :func:`partition_function`, in this process.
+
+    What :func:`run_partitions` does with one partition, without its shuffle
+    and its Python worker: ``inputs`` are collected as Arrow (one job), and the
+    rows come back as a local relation (as :func:`.frames.driver_copy` gives). For a
+    partition of a few thousand rows. O(rows) in the driver's memory.
+    """
+    import pyarrow as pa
+
+    from .frames import empty_frame
+
+    run = partition_function(rules, start_ms, watermark_ms)
+    batches = list(run(iter(inputs.toArrow().to_batches())))
+    if not batches:
+        return empty_frame(inputs.sparkSession, OUT_DDL)
+    return inputs.sparkSession.createDataFrame(pa.Table.from_batches(batches))
 
 
 def partition_function(

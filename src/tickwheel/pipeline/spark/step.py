@@ -9,7 +9,8 @@ this package:
 3. :mod:`.watermark`: count them in one aggregate, and advance the watermark;
 4. :mod:`.fanout`: one row per (kept event, rule using its type);
 5. :mod:`.partition`: with the carried operations, by (rule, key), through one
-   purgatory per partition (persisted);
+   purgatory per partition (persisted; a small micro-batch's one partition
+   runs in the driver);
 6. :mod:`.outputs`: the tables, the next state and the counters.
 
 Two drivers call it. The batch driver (:func:`delayed_operations`, and
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..rules import Rules, load_rules
 from .classify import C_EVENT, classify
 from .fanout import rule_events
-from .frames import empty_frame, parameter_name, run_parameters, sql_name
+from .frames import driver_copy, empty_frame, parameter_name, run_parameters, sql_name
 from .outputs import (
     PartitionStats,
     buffered_table,
@@ -42,7 +43,7 @@ from .outputs import (
     rejected_table,
     unmatched_table,
 )
-from .partition import IN_COLUMNS, OUT_DDL, run_partitions
+from .partition import IN_COLUMNS, OUT_DDL, run_partition_in_driver, run_partitions
 from .records import (
     DEFAULT_MAX_FUTURE_MS,
     input_form,
@@ -183,7 +184,12 @@ class DelayedOperations:
         )  # fmt: skip
 
     def classified(self) -> DataFrame:
-        """The classified records (:func:`.classify.classify`), persisted on first use."""
+        """The classified records (:func:`.classify.classify`), persisted on first use.
+
+        Once counted, a :attr:`small` micro-batch's are held in the driver
+        instead (:func:`.frames.driver_copy`): its purgatory's input and its
+        tables then read them with no Spark job each.
+        """
         if self._classified is None:
             from pyspark import StorageLevel
 
@@ -195,6 +201,10 @@ class DelayedOperations:
         """The records' counts: the first action, which classifies them. Cached."""
         if self._counts is None:
             self._counts = RecordCounts.collect(self.classified())
+            if self.small:  # known from the counts
+                cached = self.classified()
+                self._classified = driver_copy(cached)
+                cached.unpersist()
         return self._counts
 
     @property
@@ -213,13 +223,22 @@ class DelayedOperations:
 
     # -- stages 4-5 ------------------------------------------------------------------
     def rows(self) -> DataFrame:
-        """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use."""
+        """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use.
+
+        A :attr:`small` micro-batch's one partition runs in the driver
+        (:func:`.partition.run_partition_in_driver`), with no shuffle and no
+        Python worker; its rows are then held in the driver.
+        """
         if self._rows is None:
             from pyspark import StorageLevel
 
             watermark = self.watermark
             if watermark is None:  # no event, nothing carried: no partition has rows
                 self._rows = empty_frame(self.spark, OUT_DDL)
+            elif self.small:
+                self._rows = run_partition_in_driver(
+                    self._partition_inputs(), self.rules, self.state.watermark, watermark
+                )
             else:
                 self._rows = run_partitions(
                     self._partition_inputs(),
@@ -250,9 +269,11 @@ class DelayedOperations:
 
         That is: :attr:`StepOptions.rows_per_partition` is set, and both the
         records and the purgatory's rows (the new kept events and the carried
-        state's rows) are at most that many. Its tables are then small enough
-        to collect to the driver (:func:`.frames.write_parquet`). Always False
-        for the batch driver.
+        state's rows) are at most that many. Such a micro-batch is small enough
+        for the driver: once counted, its classified records are held there,
+        its one partition runs there, and its tables are collected and written
+        there (:func:`.frames.write_parquet`). Always False for the batch
+        driver.
         """
         per, rows = self.options.rows_per_partition, self._purgatory_rows()
         if per is None or rows is None:
