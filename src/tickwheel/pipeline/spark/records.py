@@ -169,37 +169,28 @@ def record_fields_frame(records: DataFrame, rules: Rules, form: str) -> DataFram
         return _from_columns(records, rules)
     if form == "maxwell":
         return _from_maxwell(records, rules)
-    return _from_json_values(records.select(_value_text(records)), rules)
+    return _from_json_values(records, rules)
 
 
-def _value_text(records: DataFrame) -> Column:
-    """``value`` as text: bytes are taken as they are (invalid UTF-8 is kept, see above)."""
-    from pyspark.sql import functions as F
+def _from_json_values(records: DataFrame, rules: Rules) -> DataFrame:
+    """JSON text, one object per row, parsed with ``from_json`` (each keeps its raw text).
 
-    return F.col("value").cast("string").alias("value")
-
-
-def _from_json_values(values: DataFrame, rules: Rules) -> DataFrame:
-    """JSON text, one object per row, parsed with ``from_json`` (each keeps its raw text)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
+    ``value`` is taken as text; bytes are taken as they are (invalid UTF-8 is
+    kept, see above). SQL text: one call into the JVM per column.
+    """
     fields = rules.record_fields
-    schema = T.StructType(
-        [T.StructField(name, T.StringType()) for name in fields]
-        + [T.StructField(CORRUPT, T.StringType())]
+    schema = ", ".join(f"{sql_name(name)} STRING" for name in (*fields, CORRUPT))
+    options = f"map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', {sql_string(CORRUPT)})"
+    parsed = (
+        records.selectExpr("CAST(value AS STRING) AS raw")
+        .where("trim(raw) != ''")
+        .selectExpr("raw", f"from_json(raw, {sql_string(schema)}, {options}) AS s")
     )
-    parsed = values.where(F.trim(F.col("value")) != "").select(
-        F.col("value").alias("raw"),
-        F.from_json(
-            F.col("value"), schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-        ).alias("s"),
-    )
-    return parsed.select(
+    return parsed.selectExpr(
         "raw",
-        (F.col("s").isNull() | F.col(f"s.{CORRUPT}").isNotNull()).alias("malformed"),
-        F.lit(None).cast("string").alias("rejected"),
-        *[F.col("s").getField(name).alias(f"f_{name}") for name in fields],
+        f"s IS NULL OR s.{sql_name(CORRUPT)} IS NOT NULL AS malformed",
+        "CAST(NULL AS STRING) AS rejected",
+        *[f"s.{sql_name(name)} AS {sql_name(f'f_{name}')}" for name in fields],
     )
 
 
