@@ -120,10 +120,11 @@ def late_table(classified: DataFrame, rules: Rules) -> DataFrame:
 
 def next_events(classified: DataFrame, rules: Rules, watermark: str | None) -> DataFrame:
     """The events the stream carries: kept ones at or above the new ``watermark``
-    (a column's name; None: all), with their raw text, keys as ``k_<field>``. Lazy."""
+    (SQL text: a column or a literal; None: all), with their raw text, keys as
+    ``k_<field>``. Lazy."""
     kept = classified.where(f"c <= {C_IGNORED}")
     if watermark is not None:
-        kept = kept.where(f"`time` >= {sql_name(watermark)}")
+        kept = kept.where(f"`time` >= {watermark}")
     return kept.selectExpr(
         "event_id", "event_type", "`time`", "seq", "raw",
         *[f"{key_column(i)} AS {sql_name(f'k_{name}')}" for i, name in enumerate(rules.key_fields)],

@@ -349,16 +349,23 @@ class DelayedOperations:
         return late_table(self.classified().crossJoin(self.params), self.rules)
 
     def next_state(self) -> dict[str, DataFrame]:
-        """The state the next micro-batch needs: ``events`` and ``ops`` (see CarriedState)."""
-        watermark = self.watermark
-        params = run_parameters(self.spark, w_new=watermark)
-        events = self.classified().crossJoin(params)
-        return {
-            "events": next_events(
-                events, self.rules, None if watermark is None else parameter_name("w_new")
-            ),
-            "ops": next_ops(self.rows()),
-        }
+        """The state the next micro-batch needs: ``events`` and ``ops`` (see CarriedState).
+
+        The events are those at or above the new watermark. Spark compiles that
+        bound into the query's code unless it reads it as data (a run
+        parameter), except for a :attr:`small` micro-batch's events, held in
+        the driver, where Spark evaluates the filter as it plans it: there the
+        bound is a literal, and no job broadcasts it.
+        """
+        watermark, events = self.watermark, self.classified()
+        if watermark is None:
+            bound = None
+        elif self.small:
+            bound = str(watermark)
+        else:
+            events = events.crossJoin(run_parameters(self.spark, w_new=watermark))
+            bound = sql_name(parameter_name("w_new"))
+        return {"events": next_events(events, self.rules, bound), "ops": next_ops(self.rows())}
 
     def summary(self) -> dict[str, Any]:
         """The counts of ``summary.json``: records by class, rejects by reason, outcomes,
