@@ -157,29 +157,45 @@ def test_a_micro_batch_sizes_its_purgatory_by_its_rows(
         assert last["written_by"] == "spark"  # its rows exceed one partition's 50
 
 
-def test_a_micro_batch_that_fits_one_partition_runs_it_in_the_driver(
-    spark: Any, tmp_path: Path, orders: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("driver_rows", [None, 10], ids=["default", "10-rows"])
+def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
+    spark: Any,
+    tmp_path: Path,
+    orders: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    driver_rows: int | None,
 ) -> None:
-    """Under the default size every micro-batch here fits one partition: the driver
-    runs its purgatory (no shuffle, no Python worker) and holds its classified
-    records, and the outputs of 5 micro-batches are still the reference's."""
-    from tickwheel.pipeline.spark import frames, step
+    """Each micro-batch here (about 150 records) is below the default DRIVER_ROWS:
+    the driver runs its purgatory (no shuffle, no Python worker) and holds its
+    classified records. With DRIVER_ROWS at 10, Spark's partitions run it and
+    nothing is held; the driver still writes the tables (one partition). The
+    outputs of 5 micro-batches are the reference's either way."""
+    from tickwheel.pipeline.spark import frames, partition, step
 
-    def no_spark_partitions(*_args: Any, **_kw: Any) -> Any:
-        raise AssertionError("a micro-batch that fits one partition went to Spark's partitions")
+    held = driver_rows is None
+    if not held:
+        monkeypatch.setattr(step, "DRIVER_ROWS", driver_rows)
+    runs: list[str] = []
 
-    copies: list[int] = []
+    def counted_spark_partitions(*args: Any, **kw: Any) -> Any:
+        runs.append("spark")
+        return partition.run_partitions(*args, **kw)
+
+    def counted_driver_partition(*args: Any, **kw: Any) -> Any:
+        runs.append("driver")
+        return partition.run_partition_in_driver(*args, **kw)
 
     def counted_copy(frame: Any) -> Any:
-        copies.append(1)
+        runs.append("copy")
         return frames.driver_copy(frame)
 
-    monkeypatch.setattr(step, "run_partitions", no_spark_partitions)
+    monkeypatch.setattr(step, "run_partitions", counted_spark_partitions)
+    monkeypatch.setattr(step, "run_partition_in_driver", counted_driver_partition)
     monkeypatch.setattr(step, "driver_copy", counted_copy)
     feed(orders["files"], tmp_path / "in", 5)
     summary = _run(spark, tmp_path, orders["rules"], partitions=2, max_files_per_trigger=1)
     assert summary["batches_run"] == 5
-    assert len(copies) == 5
+    assert runs == (["copy", "driver"] if held else ["spark"]) * 5
     assert {m["written_by"] for m in _committed_metas(tmp_path)} == {"driver"}
     compare_with_reference(summary["outputs"], orders["ref"])
 

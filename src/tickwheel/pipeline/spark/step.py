@@ -10,7 +10,7 @@ this package:
 4. :mod:`.fanout`: one row per (kept event, rule using its type);
 5. :mod:`.partition`: with the carried operations, by (rule, key), through one
    purgatory per partition (persisted; a small micro-batch's one partition
-   runs in the driver);
+   runs in the driver: :data:`DRIVER_ROWS`);
 6. :mod:`.outputs`: the tables, the next state and the counters.
 
 Two drivers call it. The batch driver (:func:`delayed_operations`, and
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = [
+    "DRIVER_ROWS",
     "MICRO_BATCH_ROWS_PER_PARTITION",
     "CarriedState",
     "DelayedOperations",
@@ -72,6 +73,13 @@ __all__ = [
 #: master, while 50,000 rows take the purgatory about as long on one core: a
 #: micro-batch of 1,000 records gains nothing from a second partition.
 MICRO_BATCH_ROWS_PER_PARTITION = 50_000
+
+#: A micro-batch of one partition with at most this many records and this many
+#: rows in its purgatory is held in the driver (:attr:`DelayedOperations.in_driver`).
+#: Its queries then run no task, but Spark evaluates them row by row as it plans
+#: them, with no generated code: below some 10,000 rows that costs less than the
+#: jobs it saves, and above it more (``docs/benchmarks.md``).
+DRIVER_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -186,7 +194,7 @@ class DelayedOperations:
     def classified(self) -> DataFrame:
         """The classified records (:func:`.classify.classify`), persisted on first use.
 
-        Once counted, a :attr:`small` micro-batch's are held in the driver
+        Once counted, an :attr:`in_driver` micro-batch's are held in the driver
         instead (:func:`.frames.driver_copy`): its purgatory's input and its
         tables then read them with no Spark job each.
         """
@@ -201,7 +209,7 @@ class DelayedOperations:
         """The records' counts: the first action, which classifies them. Cached."""
         if self._counts is None:
             self._counts = RecordCounts.collect(self.classified())
-            if self.small:  # known from the counts
+            if self.in_driver:  # known from the counts
                 cached = self.classified()
                 self._classified = driver_copy(cached)
                 cached.unpersist()
@@ -225,7 +233,7 @@ class DelayedOperations:
     def rows(self) -> DataFrame:
         """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use.
 
-        A :attr:`small` micro-batch's one partition runs in the driver
+        An :attr:`in_driver` micro-batch's one partition runs in the driver
         (:func:`.partition.run_partition_in_driver`), with no shuffle and no
         Python worker; its rows are then held in the driver.
         """
@@ -235,7 +243,7 @@ class DelayedOperations:
             watermark = self.watermark
             if watermark is None:  # no event, nothing carried: no partition has rows
                 self._rows = empty_frame(self.spark, OUT_DDL)
-            elif self.small:
+            elif self.in_driver:
                 self._rows = run_partition_in_driver(
                     self._partition_inputs(), self.rules, self.state.watermark, watermark
                 )
@@ -269,16 +277,29 @@ class DelayedOperations:
 
         That is: :attr:`StepOptions.rows_per_partition` is set, and both the
         records and the purgatory's rows (the new kept events and the carried
-        state's rows) are at most that many. Such a micro-batch is small enough
-        for the driver: once counted, its classified records are held there,
-        its one partition runs there, and its tables are collected and written
-        there (:func:`.frames.write_parquet`). Always False for the batch
+        state's rows) are at most that many. Its tables are then small enough
+        to collect to the driver (:func:`.frames.write_parquet`); a smaller one
+        is held there whole (:attr:`in_driver`). Always False for the batch
         driver.
         """
         per, rows = self.options.rows_per_partition, self._purgatory_rows()
         if per is None or rows is None:
             return False
         return rows <= per and self.counts().records <= per
+
+    @property
+    def in_driver(self) -> bool:
+        """True for a :attr:`small` micro-batch of at most :data:`DRIVER_ROWS` records
+        and purgatory rows. O(1) once counted.
+
+        Once counted, its classified records are held in the driver as a local
+        relation (:func:`.frames.driver_copy`), its one partition runs there
+        (:func:`.partition.run_partition_in_driver`: no shuffle, no Python
+        worker), and its tables and next state read those rows with no Spark
+        task.
+        """
+        rows = self._purgatory_rows()
+        return self.small and rows is not None and max(rows, self.counts().records) <= DRIVER_ROWS
 
     def _purgatory_rows(self) -> int | None:
         """The new kept events and the carried rows; None when the carried rows are unknown."""
@@ -353,14 +374,14 @@ class DelayedOperations:
 
         The events are those at or above the new watermark. Spark compiles that
         bound into the query's code unless it reads it as data (a run
-        parameter), except for a :attr:`small` micro-batch's events, held in
+        parameter), except for an :attr:`in_driver` micro-batch's events, held in
         the driver, where Spark evaluates the filter as it plans it: there the
         bound is a literal, and no job broadcasts it.
         """
         watermark, events = self.watermark, self.classified()
         if watermark is None:
             bound = None
-        elif self.small:
+        elif self.in_driver:
             bound = str(watermark)
         else:
             events = events.crossJoin(run_parameters(self.spark, w_new=watermark))
