@@ -46,11 +46,12 @@ def empty_frame(spark: SparkSession, schema: StructType | str) -> DataFrame:
 def driver_copy(frame: DataFrame) -> DataFrame:
     """``frame``'s rows, collected to the driver as Arrow, as a local relation. One job.
 
-    Spark plans the filters and projections of a local relation in the driver
-    (its optimizer folds them into a new local relation), so the queries that
-    read it run no task: for a frame of a few thousand rows read by several
-    queries, that saves each of them a job over a cache. Every row passes
-    through the driver's memory, so it is for small frames only.
+    Spark's optimizer evaluates the filters and projections over a local
+    relation as it plans a query (into a new local relation), so a query that
+    reads it needs no shuffle and no scan of a cache: collecting its result is
+    one small job that only hands the rows over. For a frame of a few thousand
+    rows read by several queries, that is cheaper than a cache. Every row
+    passes through the driver's memory, so it is for small frames only.
     """
     return frame.sparkSession.createDataFrame(frame.toArrow())
 

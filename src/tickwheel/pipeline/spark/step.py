@@ -76,9 +76,9 @@ MICRO_BATCH_ROWS_PER_PARTITION = 50_000
 
 #: A micro-batch of one partition with at most this many records and this many
 #: rows in its purgatory is held in the driver (:attr:`DelayedOperations.in_driver`).
-#: Its queries then run no task, but Spark evaluates them row by row as it plans
-#: them, with no generated code: below some 10,000 rows that costs less than the
-#: jobs it saves, and above it more (``docs/benchmarks.md``).
+#: Its queries then need no shuffle and no cache, but Spark evaluates them row by
+#: row as it plans them, with no generated code: below some 10,000 rows that
+#: costs less than the jobs it saves, and above it more (``docs/benchmarks.md``).
 DRIVER_ROWS = 10_000
 
 
@@ -196,7 +196,7 @@ class DelayedOperations:
 
         Once counted, an :attr:`in_driver` micro-batch's are held in the driver
         instead (:func:`.frames.driver_copy`): its purgatory's input and its
-        tables then read them with no Spark job each.
+        tables then read them with no shuffle and no scan of a cache.
         """
         if self._classified is None:
             from pyspark import StorageLevel
@@ -295,8 +295,8 @@ class DelayedOperations:
         Once counted, its classified records are held in the driver as a local
         relation (:func:`.frames.driver_copy`), its one partition runs there
         (:func:`.partition.run_partition_in_driver`: no shuffle, no Python
-        worker), and its tables and next state read those rows with no Spark
-        task.
+        worker), and its tables and next state read those rows with no shuffle
+        and no scan of a cache.
         """
         rows = self._purgatory_rows()
         return self.small and rows is not None and max(rows, self.counts().records) <= DRIVER_ROWS
