@@ -64,6 +64,7 @@ __all__ = [
     "MICRO_BATCH_ROWS_PER_PARTITION",
     "CarriedState",
     "DelayedOperations",
+    "Placement",
     "delayed_operations",
 ]
 
@@ -75,7 +76,7 @@ __all__ = [
 MICRO_BATCH_ROWS_PER_PARTITION = 50_000
 
 #: A micro-batch of one partition with at most this many records and this many
-#: rows in its purgatory is held in the driver (:attr:`DelayedOperations.in_driver`).
+#: rows in its purgatory is held in the driver (:attr:`Placement.in_driver`).
 #: Its queries then need no shuffle and no cache, but Spark evaluates them row by
 #: row as it plans them, with no generated code: below some 10,000 rows that
 #: costs less than the jobs it saves, and above it more (``docs/benchmarks.md``).
@@ -113,6 +114,44 @@ class StepOptions:
     # None: the purgatory runs in ``partitions``. Else one partition per this many
     # rows, up to ``partitions`` (the stream: MICRO_BATCH_ROWS_PER_PARTITION).
     rows_per_partition: int | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's purgatory runs, and how wide, from its sizes (:meth:`of`).
+
+    ``small``: the run fits one partition, so its tables are small enough to
+    collect to the driver (:func:`.frames.write_parquet`). ``in_driver``: it is
+    small and has at most :data:`DRIVER_ROWS` records and purgatory rows, so
+    it is held in the driver whole: its classified records as a local
+    relation (:func:`.frames.driver_copy`), its one partition run there
+    (:func:`.partition.run_partition_in_driver`: no shuffle, no Python
+    worker), its tables and next state read from those rows with no shuffle
+    and no scan of a cache.
+    """
+
+    partitions: int
+    small: bool = False
+    in_driver: bool = False
+
+    @classmethod
+    def of(cls, partitions: int, per: int | None, records: int, rows: int | None) -> Placement:
+        """The placement of a run of ``records`` records and ``rows`` purgatory rows
+        (the new kept events and the carried state's rows; None: unknown). O(1).
+
+        With ``per`` (:attr:`StepOptions.rows_per_partition`) None, or the rows
+        unknown: ``partitions``, neither small nor held (the batch driver).
+        Else one partition per ``per`` rows, at least one and at most
+        ``partitions``; small when records and rows are at most ``per``.
+        """
+        if per is None or rows is None:
+            return cls(partitions)
+        largest = max(records, rows)
+        return cls(
+            partitions=max(1, min(partitions, -(-rows // per))),
+            small=largest <= per,
+            in_driver=largest <= min(per, DRIVER_ROWS),
+        )
 
 
 class DelayedOperations:
@@ -194,7 +233,8 @@ class DelayedOperations:
     def classified(self) -> DataFrame:
         """The classified records (:func:`.classify.classify`), persisted on first use.
 
-        Once counted, an :attr:`in_driver` micro-batch's are held in the driver
+        Once counted, a micro-batch's are held in the driver if it is small enough
+        (:attr:`Placement.in_driver`)
         instead (:func:`.frames.driver_copy`): its purgatory's input and its
         tables then read them with no shuffle and no scan of a cache.
         """
@@ -209,7 +249,7 @@ class DelayedOperations:
         """The records' counts: the first action, which classifies them. Cached."""
         if self._counts is None:
             self._counts = RecordCounts.collect(self.classified())
-            if self.in_driver:  # known from the counts
+            if self.placement.in_driver:  # known from the counts
                 cached = self.classified()
                 self._classified = driver_copy(cached)
                 cached.unpersist()
@@ -233,7 +273,8 @@ class DelayedOperations:
     def rows(self) -> DataFrame:
         """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use.
 
-        An :attr:`in_driver` micro-batch's one partition runs in the driver
+        A micro-batch small enough (:attr:`Placement.in_driver`) has its one
+        partition run in the driver
         (:func:`.partition.run_partition_in_driver`), with no shuffle and no
         Python worker; its rows are then held in the driver.
         """
@@ -243,7 +284,7 @@ class DelayedOperations:
             watermark = self.watermark
             if watermark is None:  # no event, nothing carried: no partition has rows
                 self._rows = empty_frame(self.spark, OUT_DDL)
-            elif self.in_driver:
+            elif self.placement.in_driver:
                 self._rows = run_partition_in_driver(
                     self._partition_inputs(), self.rules, self.state.watermark, watermark
                 )
@@ -251,62 +292,19 @@ class DelayedOperations:
                 self._rows = run_partitions(
                     self._partition_inputs(),
                     self.rules,
-                    self.purgatory_partitions,
+                    self.placement.partitions,
                     self.state.watermark,
                     watermark,
                 ).persist(StorageLevel.MEMORY_AND_DISK)
         return self._rows
 
     @property
-    def purgatory_partitions(self) -> int:
-        """The purgatory's partitions: ``partitions``, or fewer for few rows. O(1) once counted.
-
-        With :attr:`StepOptions.rows_per_partition` set, one partition per that
-        many rows (the new kept events and the carried state's rows), at least
-        one and at most ``partitions``. Carried state of unknown size gets all
-        ``partitions``.
-        """
-        per, rows = self.options.rows_per_partition, self._purgatory_rows()
-        if per is None or rows is None:
-            return self.partitions
-        return max(1, min(self.partitions, -(-rows // per)))
-
-    @property
-    def small(self) -> bool:
-        """True for a stream's micro-batch that fits one partition. O(1) once counted.
-
-        That is: :attr:`StepOptions.rows_per_partition` is set, and both the
-        records and the purgatory's rows (the new kept events and the carried
-        state's rows) are at most that many. Its tables are then small enough
-        to collect to the driver (:func:`.frames.write_parquet`); a smaller one
-        is held there whole (:attr:`in_driver`). Always False for the batch
-        driver.
-        """
-        per, rows = self.options.rows_per_partition, self._purgatory_rows()
-        if per is None or rows is None:
-            return False
-        return rows <= per and self.counts().records <= per
-
-    @property
-    def in_driver(self) -> bool:
-        """True for a :attr:`small` micro-batch of at most :data:`DRIVER_ROWS` records
-        and purgatory rows. O(1) once counted.
-
-        Once counted, its classified records are held in the driver as a local
-        relation (:func:`.frames.driver_copy`), its one partition runs there
-        (:func:`.partition.run_partition_in_driver`: no shuffle, no Python
-        worker), and its tables and next state read those rows with no shuffle
-        and no scan of a cache.
-        """
-        rows = self._purgatory_rows()
-        return self.small and rows is not None and max(rows, self.counts().records) <= DRIVER_ROWS
-
-    def _purgatory_rows(self) -> int | None:
-        """The new kept events and the carried rows; None when the carried rows are unknown."""
-        state = self.state
-        if state.rows is None and (state.events is not None or state.ops is not None):
-            return None
-        return self.counts().kept + (state.rows or 0)
+    def placement(self) -> Placement:
+        """Where and how wide the purgatory runs (:class:`Placement`). O(1) once counted."""
+        state, counts = self.state, self.counts()
+        unknown = state.rows is None and (state.events is not None or state.ops is not None)
+        rows = None if unknown else counts.kept + (state.rows or 0)
+        return Placement.of(self.partitions, self.options.rows_per_partition, counts.records, rows)
 
     def _partition_inputs(self) -> DataFrame:
         """The kept events not applied yet, one row per rule, and the carried operations."""
@@ -374,14 +372,14 @@ class DelayedOperations:
 
         The events are those at or above the new watermark. Spark compiles that
         bound into the query's code unless it reads it as data (a run
-        parameter), except for an :attr:`in_driver` micro-batch's events, held in
+        parameter), except for a micro-batch's events held in
         the driver, where Spark evaluates the filter as it plans it: there the
         bound is a literal, and no job broadcasts it.
         """
         watermark, events = self.watermark, self.classified()
         if watermark is None:
             bound = None
-        elif self.in_driver:
+        elif self.placement.in_driver:
             bound = str(watermark)
         else:
             events = events.crossJoin(run_parameters(self.spark, w_new=watermark))

@@ -150,8 +150,8 @@ class MicroBatch:
                 "new_min_time": counts.min_time,
                 "new_max_time": counts.max_time,
                 "files": self.batch.plan.get("files"),
-                "purgatory_partitions": step.purgatory_partitions,
-                "written_by": "driver" if step.small else "spark",
+                "purgatory_partitions": step.placement.partitions,
+                "written_by": "driver" if step.placement.small else "spark",
                 "counts": reported,
                 "warnings": warnings,
             }
@@ -160,7 +160,7 @@ class MicroBatch:
                 step.next_state(),
                 meta,
                 empty={t for t, n in rows.items() if not n},
-                small=step.small,
+                small=step.placement.small,
             )
         return {**reported, "watermark": meta["watermark"], "warnings": warnings}
 
@@ -177,7 +177,7 @@ class MicroBatch:
         Nothing is visible until both are staged; the rename of the staged
         state is the commit point (see the commit protocol in :mod:`.job`).
         Tables in ``empty`` are known to have no rows (from the counts): no
-        Spark job writes them. With ``small`` (:attr:`DelayedOperations.small`)
+        Spark job writes them. With ``small`` (:attr:`.step.Placement.small`)
         the driver collects and writes the state and the sink's tables
         (:func:`~..spark.frames.write_parquet`).
         """
