@@ -110,8 +110,8 @@ def run_partition_in_driver(
 
     What :func:`run_partitions` does with one partition, without its shuffle
     and its Python worker: ``inputs`` are collected as Arrow (one job), and the
-    rows come back as a local relation (as :func:`.frames.driver_copy` gives). For a
-    partition of a few thousand rows. O(rows) in the driver's memory. As in a
+    rows come back as a local relation (as :func:`.frames.driver_copy` gives).
+    For a partition of a few thousand rows. O(rows) in the driver's memory. As in a
     worker, the cyclic collector is paused while the partition runs (some
     milliseconds here). The pause is process-wide: it only delays the
     collection of the other driver threads' cyclic garbage.

@@ -233,10 +233,10 @@ class DelayedOperations:
     def classified(self) -> DataFrame:
         """The classified records (:func:`.classify.classify`), persisted on first use.
 
-        Once counted, a micro-batch's are held in the driver if it is small enough
-        (:attr:`Placement.in_driver`)
-        instead (:func:`.frames.driver_copy`): its purgatory's input and its
-        tables then read them with no shuffle and no scan of a cache.
+        Once counted, a micro-batch small enough (:attr:`Placement.in_driver`)
+        has them held in the driver instead (:func:`.frames.driver_copy`): its
+        purgatory's input and its tables then read them with no shuffle and no
+        scan of a cache.
         """
         if self._classified is None:
             from pyspark import StorageLevel
@@ -274,9 +274,8 @@ class DelayedOperations:
         """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use.
 
         A micro-batch small enough (:attr:`Placement.in_driver`) has its one
-        partition run in the driver
-        (:func:`.partition.run_partition_in_driver`), with no shuffle and no
-        Python worker; its rows are then held in the driver.
+        partition run in the driver (:func:`.partition.run_partition_in_driver`),
+        with no shuffle and no Python worker; its rows are then held there.
         """
         if self._rows is None:
             from pyspark import StorageLevel
@@ -372,9 +371,9 @@ class DelayedOperations:
 
         The events are those at or above the new watermark. Spark compiles that
         bound into the query's code unless it reads it as data (a run
-        parameter), except for a micro-batch's events held in
-        the driver, where Spark evaluates the filter as it plans it: there the
-        bound is a literal, and no job broadcasts it.
+        parameter), except over events held in the driver, where it evaluates
+        the filter as it plans it: there the bound is a literal, and no job
+        broadcasts it.
         """
         watermark, events = self.watermark, self.classified()
         if watermark is None:
