@@ -75,6 +75,22 @@ def test_library_batch_equals_the_command_line_and_the_reference(
     assert counts == summary["counts"]
 
 
+def test_a_batch_step_makes_no_next_state(spark: Any, edge_input: dict[str, Any]) -> None:
+    """Without ``carry`` the purgatory outputs no expiry markers, and ``next_state``
+    says what it needs instead of carrying a state without them."""
+    from tickwheel.pipeline.spark.step import DelayedOperations, StepOptions
+
+    records = spark.read.text(str(edge_input["data"]))
+    kinds = {}
+    for carry in (False, True):
+        with DelayedOperations(records, edge_input["rules"], StepOptions(carry=carry)) as ops:
+            kinds[carry] = {row.kind for row in ops.rows().select("kind").distinct().collect()}
+            if not carry:
+                with pytest.raises(ValueError, match=r"next_state needs StepOptions\(carry=True\)"):
+                    ops.next_state()
+    assert kinds[True] - kinds[False] == {"expired"}
+
+
 def test_binary_values_keep_invalid_bytes(spark: Any, edge_input: dict[str, Any]) -> None:
     """A Kafka-like frame of bytes: invalid UTF-8 is rejected with its exact bytes."""
     rules = edge_input["rules"]

@@ -278,3 +278,36 @@ def test_expired_markers_are_what_export_state_carries(rules: Rules) -> None:
     markers = [(names[r], k, at) for r, k, at in proc.expired_markers()]
     assert markers
     assert markers == [(s.rule, s.key, s.time) for s in proc.export_state() if s.kind == "expired"]
+
+
+def test_events_converted_in_several_slices_give_the_same_rows(
+    rules: Rules, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Events above the watermark (300) are held: they leave as buffered rows.
+    events = _events(rules, 3, 200)
+    whole = _run(rules, _event_rows(rules, events), None, 300)
+    monkeypatch.setattr(stream, "SLICE_ROWS", 7)
+    sliced = _run(rules, _event_rows(rules, events), None, 300)
+    assert {row["kind"] for row in whole} >= {"outcome", "unmatched", "buffered"}
+    assert sorted(map(repr, sliced)) == sorted(map(repr, whole))
+
+
+def test_an_event_of_a_type_its_rule_does_not_use_is_an_error(rules: Rules) -> None:
+    # The fan-out gives a rule only its own types; anything else is a bug upstream.
+    row = _event_rows(rules, [Event(0, "k1", 10, 0, "e1", 0, "created")])[0]
+    with pytest.raises(AssertionError, match=r"\('payment', 'packed'\)"):
+        _run(rules, [row, {**row, "event_id": "e2", "event_type": "packed"}], None, 100)
+
+
+def test_without_markers_no_expired_row_is_output(rules: Rules) -> None:
+    # A marker carried in untouched (key "far") and those the run makes are both left out.
+    events = _event_rows(rules, _events(rules, 5, 120))
+    state = [_state_row("expired", "payment", "far", 50)]
+    with_markers = _run(rules, state + events, None, 400)
+    run = _process_partitions(rules, None, 400, markers=False)
+    out = [row for batch in run(iter([_batch(state + events)])) for row in batch.to_pylist()]
+    without = [row for row in out if row["kind"] != "stats"]
+    assert any(row["kind"] == "expired" and row["key"] == "far" for row in with_markers)
+    assert sorted(map(repr, without)) == sorted(
+        repr(row) for row in with_markers if row["kind"] != "expired"
+    )

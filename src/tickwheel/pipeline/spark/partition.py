@@ -17,17 +17,22 @@ watermark (``start_ms``; none for a batch run) to the new one, W:
 4. the clock advances to W, and the processor's rows leave as one Arrow batch
    per kind (:data:`OUT_COLUMNS`): ``outcome`` (final), ``unmatched``,
    ``pending`` and ``expired`` (the next state's operations and expiry
-   markers), ``buffered``, and one ``stats`` row: the partition's counters
+   markers; a batch run, which has no next state, asks for no markers),
+   ``buffered``, and one ``stats`` row: the partition's counters
    and timings as JSON, with the latencies of its resolved operations,
    sorted, for exact percentiles (:func:`.outputs.exact_percentile`).
 
-Rows go in and out column by column (Arrow columns to Python lists and back),
-not row by row, with the cyclic collector paused throughout (see
+Rows go in column by column (an event's rule index and kind are computed in
+Arrow, then each column becomes a Python list, zipped into the processor's
+tuples) and out as one struct array per kind of row, split into its columns;
+no Python code runs per row on either side but the processor's. The cyclic
+collector is paused throughout (see
 :func:`~tickwheel.pipeline.core.cyclic_gc_paused`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import Counter
@@ -85,26 +90,38 @@ OUT_COLUMNS = (
 )
 OUT_DDL = ", ".join(f"{name} {kind}" for name, kind in OUT_COLUMNS)
 
-#: The event columns the processor reads (rule and type give its rule index and kind).
-EVENT_INPUT_COLUMNS = ("rule", "key", "time", "seq", "event_id", "event_type")
+#: The columns of the processor's input tuples, in their order (``_rule``: the
+#: rule's index, ``_kind``: the event's kind in it; :func:`_event_input`).
+_EVENT_TUPLE = ("_rule", "key", "time", "seq", "event_id", "_kind", "event_type")
 #: Events are converted to Python this many rows at a time.
 SLICE_ROWS = 65_536
 
 
 def run_partitions(
-    inputs: DataFrame, rules: Rules, partitions: int, start_ms: int | None, watermark_ms: int
+    inputs: DataFrame,
+    rules: Rules,
+    partitions: int,
+    start_ms: int | None,
+    watermark_ms: int,
+    *,
+    markers: bool = True,
 ) -> DataFrame:
     """``inputs`` (:data:`IN_COLUMNS`) by (rule, key) through :func:`partition_function`.
 
     Lazy: one shuffle into ``partitions`` partitions, then ``mapInArrow``.
     """
     return inputs.repartition(partitions, "rule", "key").mapInArrow(
-        partition_function(rules, start_ms, watermark_ms), OUT_DDL
+        partition_function(rules, start_ms, watermark_ms, markers=markers), OUT_DDL
     )
 
 
 def run_partition_in_driver(
-    inputs: DataFrame, rules: Rules, start_ms: int | None, watermark_ms: int
+    inputs: DataFrame,
+    rules: Rules,
+    start_ms: int | None,
+    watermark_ms: int,
+    *,
+    markers: bool = True,
 ) -> DataFrame:
     """``inputs`` as one partition through :func:`partition_function`, in this process.
 
@@ -120,7 +137,7 @@ def run_partition_in_driver(
 
     from .frames import empty_frame
 
-    run = partition_function(rules, start_ms, watermark_ms)
+    run = partition_function(rules, start_ms, watermark_ms, markers=markers)
     batches = list(run(iter(inputs.toArrow().to_batches())))
     if not batches:
         return empty_frame(inputs.sparkSession, OUT_DDL)
@@ -128,11 +145,13 @@ def run_partition_in_driver(
 
 
 def partition_function(
-    rules: Rules, start_ms: int | None, watermark_ms: int
+    rules: Rules, start_ms: int | None, watermark_ms: int, *, markers: bool = True
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function: one purgatory per partition, seeded with its state.
 
-    No rows in: no rows out. ``tests/pipeline/test_stream_udf.py`` pins the
+    No rows in: no rows out. With ``markers`` false, no ``expired`` rows (the
+    keys' expiry markers) are output: only a next state needs them, and a
+    batch run has none. ``tests/pipeline/test_stream_udf.py`` pins the
     column mapping and the routing against one processor run over all the events.
     """
 
@@ -140,7 +159,7 @@ def partition_function(
         # Paused from the first row in to the last row out: the conversions
         # allocate a tuple per row, and the restored state is most of the heap.
         with cyclic_gc_paused():
-            out = _process(rules, start_ms, watermark_ms, batches)
+            out = _process(rules, start_ms, watermark_ms, batches, markers)
         yield from out
 
     return run
@@ -191,7 +210,11 @@ def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -
 
 
 def _process(
-    rules: Rules, start_ms: int | None, watermark_ms: int, batches: Iterator[pa.RecordBatch]
+    rules: Rules,
+    start_ms: int | None,
+    watermark_ms: int,
+    batches: Iterator[pa.RecordBatch],
+    markers: bool,
 ) -> list[pa.RecordBatch]:
     """One partition's rows in; its rows out (see the module doc's steps)."""
     import pyarrow as pa
@@ -213,7 +236,10 @@ def _process(
                 f"state rows name rules {sorted(unknown)}, not among {list(rules.names)}"
             )
         untouched = _untouched_state(rules, event_rows, state_rows, watermark_ms)
-        out.carried(state_rows.filter(untouched))
+        carried = state_rows.filter(untouched)
+        if not markers:
+            carried = carried.filter(pc.not_equal(carried["state_kind"], STATE_EXPIRED))
+        out.carried(carried)
         state_rows = state_rows.filter(pc.invert(untouched))
     proc = PartitionProcessor(
         rules, rules.input.allowed_lateness_ms, state=_state_input(state_rows), start_ms=start_ms
@@ -223,7 +249,7 @@ def _process(
         proc.process(_event_input(pa, rules, event_rows), watermark_ms=watermark_ms)
         proc.finish(watermark_ms)
         loop_s, loop_cpu = time.perf_counter() - wall, time.thread_time() - cpu
-        out.processed(proc)
+        out.processed(proc, markers)
         out.stats(proc, loop_s, loop_cpu, time.perf_counter() - started)
         return out.batches
     finally:
@@ -255,35 +281,39 @@ def _event_input(
 ) -> Iterator[tuple[int, str, int, int, str, int, str]]:
     """The events as the processor's input tuples, in its order. O(n log n).
 
-    Sorted by (time, sequence, event id, rule index) in Arrow, then converted
-    :data:`SLICE_ROWS` at a time; each tuple is (rule index, key, time,
-    sequence, event id, kind, event type).
+    Sorted by (time, sequence, event id, rule index) in Arrow, where each
+    event's rule index and kind are computed too, column at a time; then
+    converted :data:`SLICE_ROWS` at a time. Each tuple is (rule index, key,
+    time, sequence, event id, kind, event type). The tuples come from ``zip``
+    objects chained together, so no Python frame runs per event.
     """
     import pyarrow.compute as pc
 
     if not event_rows.num_rows:
-        return
+        return iter(())
     names = pa.array(rules.names, pa.string())
     ordered = event_rows.append_column(
         "_rule", pc.index_in(event_rows["rule"], value_set=names)
     ).sort_by([(name, "ascending") for name in ("time", "seq", "event_id", "_rule")])
-    # (rule name, event type) -> (rule index, kind): one lookup per event
-    kind_of = {
-        (rule.name, etype): (i, rule.kind_of(etype))
-        for i, rule in enumerate(rules.rules)
-        for etype in rule.event_types
-    }
-    for start in range(0, ordered.num_rows, SLICE_ROWS):
+    types = sorted({etype for rule in rules.rules for etype in rule.event_types})
+    # kinds[rule index * len(types) + type index]: the type's kind in the rule, or
+    # null where the rule does not use the type.
+    kinds = pa.array([rule.kind_of(etype) for rule in rules.rules for etype in types], pa.int8())
+    code = pc.add(
+        pc.multiply(ordered["_rule"], len(types)),
+        pc.index_in(ordered["event_type"], value_set=pa.array(types, pa.string())),
+    )
+    kind = pc.take(kinds, code)
+    if kind.null_count:  # the fan-out selects only the rules' types
+        first = ordered.filter(pc.is_null(kind)).slice(0, 1).to_pylist()[0]
+        raise AssertionError(f"event of no rule's type: {(first['rule'], first['event_type'])}")
+    ordered = ordered.append_column("_kind", kind)
+
+    def tuples(start: int) -> Iterator[tuple[int, str, int, int, str, int, str]]:
         part = ordered.slice(start, SLICE_ROWS)
-        c = {name: part[name].to_pylist() for name in EVENT_INPUT_COLUMNS}
-        try:
-            rule_kind = list(map(kind_of.__getitem__, zip(c["rule"], c["event_type"], strict=True)))
-        except KeyError as exc:  # the fan-out selects only the rules' types
-            raise AssertionError(f"event of no rule's type: {exc}") from None
-        index, kind = zip(*rule_kind, strict=True)
-        yield from zip(
-            index, c["key"], c["time"], c["seq"], c["event_id"], kind, c["event_type"], strict=True
-        )
+        return zip(*(part[name].to_pylist() for name in _EVENT_TUPLE), strict=True)
+
+    return itertools.chain.from_iterable(map(tuples, range(0, ordered.num_rows, SLICE_ROWS)))
 
 
 class _Output:
@@ -319,21 +349,30 @@ class _Output:
         if not rows:
             return None
         n = len(rows)
-        given = dict(zip(fields, zip(*rows, strict=True), strict=True))
+        # One conversion of the tuples as a struct array, split into its columns.
+        items = pa.array(rows, pa.struct([(name, self._item_type(name)) for name in fields]))
+        given = dict(zip(fields, items.flatten(), strict=True))
         given.pop("_", None)
         arrays = {"kind": pa.array([kind] * n, pa.string())}
-        arrays["rule"] = self.rule_names.take(pa.array(given.pop("rule"), pa.int32()))
-        for name, values in given.items():
-            arrays[name] = pa.array(values, self.schema.field(name).type)
+        arrays["rule"] = self.rule_names.take(given.pop("rule"))
+        arrays.update(given)
         if kind == "outcome":
             import pyarrow.compute as pc
 
             arrays["latency_ms"] = pc.subtract(arrays["resolved_at"], arrays["time"])
         return self._add(n, arrays)
 
-    def processed(self, proc: PartitionProcessor) -> None:
+    def _item_type(self, name: str) -> Any:
+        """The Arrow type of a raw tuple's item ``name`` (see :meth:`_rows`)."""
+        if name == "rule":
+            return self.pa.int32()
+        if name == "_":
+            return self.pa.int64()
+        return self.schema.field(name).type
+
+    def processed(self, proc: PartitionProcessor, markers: bool) -> None:
         """The processor's outcomes, unmatched events, pending operations, expiry
-        markers and held events. O(rows)."""
+        markers (when ``markers``) and held events. O(rows)."""
         outcomes = self._rows("outcome", proc.take_outcomes(), (
             "rule", "key", "id", "time", "deadline", "outcome", "resolved_at", "resolve_event_id",
         ))  # fmt: skip
@@ -347,7 +386,8 @@ class _Output:
                              ("rule", "key", "id", "time", "deadline"))  # fmt: skip
         if pending is not None:
             self.outcomes["pending"] += pending.num_rows
-        self._rows("expired", proc.expired_markers(), ("rule", "key", "time"))
+        if markers:
+            self._rows("expired", proc.expired_markers(), ("rule", "key", "time"))
         self._rows("buffered", proc.take_buffered(),
                    ("rule", "key", "time", "seq", "id", "_", "event_type"))  # fmt: skip
 

@@ -108,7 +108,8 @@ class StepOptions:
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS  # None: no far-future guard
     now_ms: int | None = None  # processing time for the guard; default: the clock now
     input_format: str | None = None  # see .records.FORMS; None: guessed
-    carry: bool = False  # keep what the next micro-batch needs (raw text of kept events)
+    # Keep what the next micro-batch needs: kept events' raw text, keys' expiry markers.
+    carry: bool = False
     refused: Sequence[tuple[str, str]] = ()  # (raw, reason) of records refused before reading
     event_times: Sequence[int] = ()  # more event times seen (the stream's heartbeats)
     # None: the purgatory runs in ``partitions``. Else one partition per this many
@@ -285,7 +286,11 @@ class DelayedOperations:
                 self._rows = empty_frame(self.spark, OUT_DDL)
             elif self.placement.in_driver:
                 self._rows = run_partition_in_driver(
-                    self._partition_inputs(), self.rules, self.state.watermark, watermark
+                    self._partition_inputs(),
+                    self.rules,
+                    self.state.watermark,
+                    watermark,
+                    markers=self.options.carry,
                 )
             else:
                 self._rows = run_partitions(
@@ -294,6 +299,7 @@ class DelayedOperations:
                     self.placement.partitions,
                     self.state.watermark,
                     watermark,
+                    markers=self.options.carry,
                 ).persist(StorageLevel.MEMORY_AND_DISK)
         return self._rows
 
@@ -373,8 +379,11 @@ class DelayedOperations:
         bound into the query's code unless it reads it as data (a run
         parameter), except over events held in the driver, where it evaluates
         the filter as it plans it: there the bound is a literal, and no job
-        broadcasts it.
+        broadcasts it. Needs :attr:`StepOptions.carry`, which keeps the raw
+        text and the expiry markers the next state is made of.
         """
+        if not self.options.carry:
+            raise ValueError("next_state needs StepOptions(carry=True): it keeps what is carried")
         watermark, events = self.watermark, self.classified()
         if watermark is None:
             bound = None
