@@ -227,9 +227,18 @@ def create_session(
 #:   partition counts, so AQE has nothing to re-plan, but it still splits each
 #:   query into stages planned one after another, which costs a cold run about
 #:   a second (``docs/benchmarks.md``).
+#: * No byte limit on the Arrow batches sent to the purgatory's Python workers.
+#:   Below Spark's "unlimited" value (``Int.MaxValue`` bytes), Spark measures
+#:   the batch it is writing after every row, walking the Arrow vectors of the
+#:   row's struct; at 1e6 orders that took 0.3--0.6 s of the purgatory phase
+#:   (``docs/benchmarks.md``). A batch is still bounded by its rows
+#:   (``maxRecordsPerBatch``, 50,000: :func:`create_session`), and a purgatory
+#:   row holds a rule name, a key, an event id and a type, some megabytes per
+#:   batch unless keys are kilobytes long.
 JOB_SQL_SETTINGS = {
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
     "spark.sql.adaptive.enabled": "false",
+    "spark.sql.execution.arrow.maxBytesPerBatch": "2147483647b",
 }
 
 #: The settings of the session ``tickwheel pipeline stream`` runs in.
