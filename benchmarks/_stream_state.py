@@ -24,6 +24,20 @@ def _status_mb(pid: int, field: str) -> float:
     return float("nan")
 
 
+def _largest(pids: list[int], field: str) -> float:
+    """The largest ``field`` of ``pids`` in MB; a process without it (a zombie, or one
+    gone since it was listed) is left out, as its NaN would poison ``max``."""
+    values = []
+    for pid in pids:
+        try:
+            value = _status_mb(pid, field)
+        except OSError:
+            continue
+        if value == value:
+            values.append(value)
+    return max(values, default=0.0)
+
+
 def _python_workers(jvm: int) -> list[int]:
     """The JVM's Python daemon and workers (its child processes, and theirs)."""
     parents: dict[int, int] = {}
@@ -55,8 +69,8 @@ def sample_memory_per_batch(job: Any, spark: Any, memory: list[dict[str, float]]
         memory.append({
             "jvm_rss": _status_mb(jvm, "VmRSS"), "jvm_peak": _status_mb(jvm, "VmHWM"),
             "driver_peak": _status_mb(os.getpid(), "VmHWM"),
-            "worker_rss": max((_status_mb(p, "VmRSS") for p in workers), default=0.0),
-            "worker_peak": max((_status_mb(p, "VmHWM") for p in workers), default=0.0),
+            "worker_rss": _largest(workers, "VmRSS"),
+            "worker_peak": _largest(workers, "VmHWM"),
         })  # fmt: skip
         return out
 
