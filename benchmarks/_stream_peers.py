@@ -380,8 +380,11 @@ def run_peer(
     return time.perf_counter() - started
 
 
-def floor_query(spark: Any, inp: Path, out: Path, checkpoint: Path) -> float:
-    """The floor of a micro-batch: foreachBatch, one Parquet file per micro-batch; seconds."""
+def floor_query(spark: Any, inp: Path, out: Path, checkpoint: Path, per_trigger: int = 1) -> float:
+    """The floor of a micro-batch: foreachBatch, one Parquet file per micro-batch; seconds.
+
+    ``per_trigger`` files make one micro-batch (``maxFilesPerTrigger``).
+    """
     for path in (out, checkpoint):
         shutil.rmtree(path, ignore_errors=True)
 
@@ -390,7 +393,7 @@ def floor_query(spark: Any, inp: Path, out: Path, checkpoint: Path) -> float:
 
     query = (
         spark.readStream.schema(SOURCE_SCHEMA)
-        .option("maxFilesPerTrigger", "1")
+        .option("maxFilesPerTrigger", str(per_trigger))
         .json(str(inp))
         .writeStream.foreachBatch(write)
         .option("checkpointLocation", str(checkpoint))

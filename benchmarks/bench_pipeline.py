@@ -22,9 +22,10 @@ per order), on ``local[2]``, in one process and one SparkSession:
   than that, so it caps the ratio tickwheel's job can reach against each peer;
 * **raw skeleton** (the floor of these semantics): the same, but each record
   keeps its raw text (lines read as text, parsed with ``from_json``), copies
-  are ranked by (time, sequence, raw) in a window, and the kept events go to
-  Python by key (``mapInArrow`` only consumes them). The semantics need each
-  of these (see :func:`raw_skeleton`); the skeleton above needs none.
+  are ranked by (time, sequence, raw) in a window, the kept events go to
+  Python by key (``mapInArrow``), and one row per open event, in the columns
+  of tickwheel's outcomes, is written as Parquet. The semantics need each of
+  these (see :func:`raw_skeleton`); the skeleton above needs none.
 
 The last table gives the issue's targets, measured.
 
@@ -256,8 +257,11 @@ def _check_simple(
     return f"equal to the reference on {len(expected):,} simple-key outcomes"
 
 
-def skeleton(spark: Any, data: Path, partitions: int) -> None:
-    """The floor job: read with a schema, dropDuplicates by id, repartition, sort, noop sink."""
+def skeleton(spark: Any, data: Path, partitions: int, out: Path) -> None:
+    """The floor job: read with a schema, dropDuplicates by id, repartition, sort, noop sink.
+
+    Writes nothing (``out`` is unused).
+    """
     from pyspark.sql import functions as F
 
     events = (
@@ -271,21 +275,39 @@ def skeleton(spark: Any, data: Path, partitions: int) -> None:
     sorted_by_key.write.format("noop").mode("overwrite").save()
 
 
-def _consume(batches: Any) -> Any:
-    for _batch in batches:
-        pass
-    yield from ()
+#: The columns of tickwheel's outcomes, as the raw skeleton writes them.
+OUTCOME_DDL = (
+    "rule string, key string, op_id string, opened_at long, deadline long, outcome string, "
+    "resolved_at long, latency_ms long, resolve_event_id string"
+)
 
 
-def raw_skeleton(spark: Any, data: Path, partitions: int) -> None:
+def _open_rows(batches: Any) -> Any:
+    """One outcome-shaped row per ``created`` event, computed in Arrow: no loop."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for batch in batches:
+        opened = batch.filter(pc.equal(batch["type"], "created"))
+        n, deadline = opened.num_rows, pc.add(opened["t"], TIMEOUT_MS)
+        yield pa.record_batch(
+            [pa.array(["payment"] * n, pa.string()), opened["order_id"], opened["event_id"],
+             opened["t"], deadline, pa.array(["expired"] * n, pa.string()), deadline,
+             pa.array([TIMEOUT_MS] * n, pa.int64()), pa.nulls(n, pa.string())],
+            names=[column.split()[0] for column in OUTCOME_DDL.split(", ")],
+        )  # fmt: skip
+
+
+def raw_skeleton(spark: Any, data: Path, partitions: int, out: Path) -> None:
     """The floor of a job with tickwheel's semantics: the least Spark work it must do.
 
     The skeleton above reads with a schema and deduplicates by id alone. The
     semantics need more: every record keeps its raw text (rejected rows carry
     it, and copies of an id are ordered by it), so lines are read as text and
     parsed with ``from_json``; copies are ranked by (time, sequence, raw) in a
-    window; the kept events go by key to Python (``mapInArrow``, which only
-    consumes them here). No validation, no loop, no outputs.
+    window; the kept events go by key to Python (``mapInArrow``), which gives
+    one row per operation in the outcomes' columns, written to ``out`` as
+    Parquet. No validation, no loop, no other table.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -304,17 +326,16 @@ def raw_skeleton(spark: Any, data: Path, partitions: int) -> None:
         kept.select("order_id", "t", "q", "event_id", "type")
         .repartition(partitions, "order_id")
         .sortWithinPartitions("t", "q", "event_id")
-        .mapInArrow(_consume, "x long")
-        .write.format("noop")
-        .mode("overwrite")
-        .save()
+        .mapInArrow(_open_rows, OUTCOME_DDL)
+        .write.mode("overwrite")
+        .parquet(str(out))
     )
 
 
 #: The floors each size runs: (name, job, what its row's check column says).
 FLOORS = (
     ("skeleton", skeleton, "no outputs: the least Spark work of such a job"),
-    ("raw skeleton", raw_skeleton, "no outputs: the least Spark work of these semantics"),
+    ("raw skeleton", raw_skeleton, "outcome rows written: the least Spark work of these semantics"),
 )
 
 
@@ -449,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, job, _check in FLOORS:
                     t = time.perf_counter()
                     cpu = _cpu_seconds(jvm_pid)
-                    job(spark, data, args.partitions)
+                    job(spark, data, args.partitions, work / f"out-floor-{n}")
                     seconds, cpu = time.perf_counter() - t, _cpu_seconds(jvm_pid) - cpu
                     floor_runs[name].append((seconds, cpu))
                     print(f"{name} run {attempt + 1}: {seconds:.1f}s, JVM CPU {cpu:.1f}s")

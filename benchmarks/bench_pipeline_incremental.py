@@ -50,8 +50,8 @@ of its run.
 
 ``--cli`` measures instead as a user runs them, one process (one JVM) each:
 ``tickwheel pipeline run``, ``tickwheel pipeline stream
---max-files-per-trigger 1`` and ``benchmarks/peer_transform_with_state.py``
-over the same generated files (see :func:`cli_comparison`).
+--max-files-per-trigger 1``, ``benchmarks/peer_transform_with_state.py`` and
+its floor over the same generated files (see :func:`cli_comparison`).
 
 Run::
 

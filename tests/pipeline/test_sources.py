@@ -91,6 +91,25 @@ def test_a_batch_step_makes_no_next_state(spark: Any, edge_input: dict[str, Any]
     assert kinds[True] - kinds[False] == {"expired"}
 
 
+def test_the_step_keeps_its_stages_as_sparks_own_cache_does(
+    spark: Any, edge_input: dict[str, Any]
+) -> None:
+    """The classified records and the partitions' rows stay in memory deserialized,
+    spilling to disk (``Dataset.cache()``'s level), until the step is released."""
+    from pyspark import StorageLevel
+
+    from tickwheel.pipeline.spark.step import DelayedOperations
+
+    records = spark.read.text(str(edge_input["data"]))
+    with DelayedOperations(records, edge_input["rules"]) as ops:
+        ops.stats()
+        classified, rows = ops.classified(), ops.rows()
+        assert classified.storageLevel == StorageLevel.MEMORY_AND_DISK_DESER
+        assert rows.storageLevel == StorageLevel.MEMORY_AND_DISK_DESER
+    assert classified.storageLevel == StorageLevel.NONE
+    assert rows.storageLevel == StorageLevel.NONE
+
+
 def test_binary_values_keep_invalid_bytes(spark: Any, edge_input: dict[str, Any]) -> None:
     """A Kafka-like frame of bytes: invalid UTF-8 is rejected with its exact bytes."""
     rules = edge_input["rules"]
