@@ -88,19 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     log = peers.ProgressLog(spark)
     if args.api == "floor":
         secs = peers.floor_query(spark, args.input, args.output, args.checkpoint, per_trigger)
-        batches = [batch["ms"] / 1e3 for batch in log.wait()]
-        print(f"floor: {len(batches)} micro-batches in {secs:.1f}s, "
-              f"{time.perf_counter() - started:.1f}s with the session")  # fmt: skip
-        spark.stop()
-        return 0
-    secs = peers.run_peer(spark, args.api, args.input, args.output, args.checkpoint,
-                          rules.rules[0], rules.input.allowed_lateness_ms, per_trigger)  # fmt: skip
+        outcomes = ""  # the floor writes its input's rows, not outcomes
+    else:
+        rule, lateness_ms = rules.rules[0], rules.input.allowed_lateness_ms
+        secs = peers.run_peer(spark, args.api, args.input, args.output, args.checkpoint,
+                              rule, lateness_ms, per_trigger)  # fmt: skip
+        counts = spark.read.parquet(str(args.output)).groupBy("outcome").count().collect()
+        outcomes = "; outcomes " + ", ".join(f"{row[0]} {row[1]:,}" for row in sorted(counts))
     batches = [batch["ms"] / 1e3 for batch in log.wait()]
-    counts = spark.read.parquet(str(args.output)).groupBy("outcome").count().collect()
     print(f"{args.api}: {len(batches)} micro-batches in {secs:.1f}s (each "
           + " ".join(f"{s:.1f}" for s in batches)
-          + f"), {time.perf_counter() - started:.1f}s with the session; outcomes "
-          + ", ".join(f"{row[0]} {row[1]:,}" for row in sorted(counts)))  # fmt: skip
+          + f"), {time.perf_counter() - started:.1f}s with the session{outcomes}")  # fmt: skip
     spark.stop()
     return 0
 
