@@ -8,6 +8,7 @@ a processor's heap and in the checkpoint.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import tracemalloc
@@ -33,7 +34,7 @@ def _largest(pids: list[int], field: str) -> float:
             value = _status_mb(pid, field)
         except OSError:
             continue
-        if value == value:
+        if not math.isnan(value):
             values.append(value)
     return max(values, default=0.0)
 

@@ -60,6 +60,8 @@ from typing import Any
 
 import _support  # noqa: F401 - puts tests/ on the path: the reference of the semantics
 
+from tickwheel.pipeline.spark.outputs import OUTCOME_COLUMNS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 RULES = ROOT / "examples" / "orders.toml"
@@ -275,10 +277,11 @@ def skeleton(spark: Any, data: Path, partitions: int, out: Path) -> None:
     sorted_by_key.write.format("noop").mode("overwrite").save()
 
 
-#: The columns of tickwheel's outcomes, as the raw skeleton writes them.
-OUTCOME_DDL = (
-    "rule string, key string, op_id string, opened_at long, deadline long, outcome string, "
-    "resolved_at long, latency_ms long, resolve_event_id string"
+#: The Spark types of tickwheel's outcome columns (``OUTCOME_COLUMNS``), in order.
+_OUTCOME_TYPES = ("string", "string", "string", "long", "long", "string", "long", "long", "string")
+#: The outcomes' schema, as the raw skeleton writes them.
+OUTCOME_DDL = ", ".join(
+    f"{name} {kind}" for name, kind in zip(OUTCOME_COLUMNS, _OUTCOME_TYPES, strict=True)
 )
 
 
@@ -294,7 +297,7 @@ def _open_rows(batches: Any) -> Any:
             [pa.array(["payment"] * n, pa.string()), opened["order_id"], opened["event_id"],
              opened["t"], deadline, pa.array(["expired"] * n, pa.string()), deadline,
              pa.array([TIMEOUT_MS] * n, pa.int64()), pa.nulls(n, pa.string())],
-            names=[column.split()[0] for column in OUTCOME_DDL.split(", ")],
+            names=list(OUTCOME_COLUMNS),
         )  # fmt: skip
 
 
@@ -392,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
 
     from support.reference import iter_input_lines, run_reference
-    from tickwheel.pipeline.batch import OUTCOME_COLUMNS, run_job
+    from tickwheel.pipeline.batch import run_job
     from tickwheel.pipeline.generate import generate_orders
     from tickwheel.pipeline.rules import load_rules
     from tickwheel.pipeline.spark.session import create_session
