@@ -217,6 +217,26 @@ def test_sessions_skip_pyspark_call_site_capture(spark: SparkSession) -> None:
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
 
 
+def test_a_jobs_compiled_code_outlives_more_queries_than_sparks_default_keeps(
+    spark: SparkSession, workload: dict[str, Any]
+) -> None:
+    """create_session keeps CODEGEN_CACHE_ENTRIES generated classes, where Spark keeps
+    100: after 120 other queries, each with code of its own, the batch job runs again
+    without compiling any of its code."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    out = workload["root"] / "out-codegen"
+    run_job(spark, workload["rules"], str(workload["input"]), str(out / "1"), partitions=2)
+    first = compilations.getCount()
+    for i in range(120):  # a literal is part of the generated code: 120 new classes
+        spark.range(1).selectExpr(f"id * 7 + {i} AS x").collect()
+    others = compilations.getCount()
+    assert others >= first + 100
+    run_job(spark, workload["rules"], str(workload["input"]), str(out / "2"), partitions=2)
+    assert compilations.getCount() == others
+
+
 def test_batch_job_applies_the_retention_as_the_reference(
     spark: SparkSession, workload: dict[str, Any]
 ) -> None:

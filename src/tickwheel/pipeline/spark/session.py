@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
+    "CODEGEN_CACHE_ENTRIES",
     "JOB_SQL_SETTINGS",
     "LOCAL_PYTHON",
     "PARTITION_INPUT_BYTES",
@@ -59,6 +60,20 @@ def quick_jit_for(master: str, input_bytes: int) -> bool:
     long-lived JVMs, and are left alone.
     """
     return master.startswith("local") and input_bytes <= QUICK_JIT_MAX_INPUT_BYTES
+
+
+#: Generated classes a session keeps compiled (``spark.sql.codegen.cache.maxEntries``).
+#:
+#: Spark compiles each query's generated code once and keeps the class in
+#: one cache of the JVM, 100 classes by default, least recently used out.
+#: The batch job needs 57 and the stream 39 more; with the DataFrame
+#: formulation and the floors of ``benchmarks/`` beside them, 146. Past 100,
+#: each job evicts the others' classes: the next run of the batch job in that
+#: session compiled 45 of its classes again, and the JVM's optimising compiler
+#: spent 4.7--5.2 s of CPU on it, against 1.4--1.6 s for a run after one of its
+#: own (``docs/benchmarks.md``). A class is about 2 KB of bytecode, so a
+#: thousand cost a few megabytes.
+CODEGEN_CACHE_ENTRIES = 1000
 
 
 #: Input per key partition when the caller gives no partition count.
@@ -175,6 +190,10 @@ def create_session(
     import IPython, and makes three extra py4j round trips; the pipeline
     builds its plans from about 200 such calls per micro-batch, and the call
     sites would only point into tickwheel's own code.
+
+    It keeps up to :data:`CODEGEN_CACHE_ENTRIES` generated classes compiled,
+    where Spark keeps 100, so that the pipeline's jobs and a caller's other
+    queries in the same session do not compile each other's code again.
     """
     python = local_python() if master.startswith("local") else sys.executable
     os.environ["PYSPARK_PYTHON"] = python
@@ -194,6 +213,7 @@ def create_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.codegen.cache.maxEntries", str(CODEGEN_CACHE_ENTRIES))
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
         .config("spark.driver.memory", driver_memory or default_driver_memory())
         .config("spark.executorEnv.PYSPARK_PYTHON", python)
