@@ -68,11 +68,11 @@ def quick_jit_for(master: str, input_bytes: int) -> bool:
 #: one cache of the JVM, 100 classes by default, least recently used out.
 #: The batch job needs 57 and the stream 39 more; with the DataFrame
 #: formulation and the floors of ``benchmarks/`` beside them, 146. Past 100,
-#: each job evicts the others' classes: the next run of the batch job in that
-#: session compiled 45 of its classes again, and the JVM's optimising compiler
-#: spent 4.7--5.2 s of CPU on it, against 1.4--1.6 s for a run after one of its
-#: own (``docs/benchmarks.md``). A class is about 2 KB of bytecode, so a
-#: thousand cost a few megabytes.
+#: each job evicts the others' classes: each run of the batch job in that
+#: session compiled 45 or 46 of its classes again, and the JVM's JIT spent
+#: 4.7--5.2 s of CPU on the run, against 1.4--1.6 s for a run after one of its
+#: own (``docs/pipeline.md``). A class held 1.8 KB of bytecode on average
+#: there, so a thousand hold under 2 MB of it.
 CODEGEN_CACHE_ENTRIES = 1000
 
 
