@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "sql_name",
     "sql_string",
     "union_all",
+    "with_parameters",
     "write_parquet",
 ]
 
@@ -56,25 +57,35 @@ def driver_copy(frame: DataFrame) -> DataFrame:
     return frame.sparkSession.createDataFrame(frame.toArrow())
 
 
-def run_parameters(spark: SparkSession, **values: int | None) -> DataFrame:
-    """A one-row frame of a run's values, to cross-join where a query needs them. O(1).
+def run_parameters(spark: SparkSession, **values: int | None) -> dict[str, Column]:
+    """Columns ``_p_<name>`` (long; None is null) holding a run's values, by name. O(1).
 
-    Columns ``_p_<name>`` (long; None is null); read them with
-    :func:`parameter_name`. Spark compiles each stage of a query to Java and writes
-    every literal into the code, so a value that changes from one micro-batch
-    (or run) to the next, such as a watermark or the far-future limit, would
-    make each batch's code new: compiled again by Spark, then run interpreted
-    until the JVM's JIT compiles it again. A value read from a broadcast local
-    table is data, not code: the code stays the same from batch to batch, and
-    Spark's and the JIT's caches keep it (``docs/pipeline.md``, "Execution").
+    Add them beside a frame's own with :func:`with_parameters`; read them in
+    SQL text with :func:`parameter_name`. Spark compiles each stage of a query
+    to Java and writes every numeric literal into the code, so a value that
+    changes from one micro-batch (or run) to the next, such as a watermark or
+    the far-future limit, would make each batch's code new: compiled again by
+    Spark, then run interpreted until the JVM's JIT compiles it again. Here
+    each value is a scalar subquery over a one-row local table, as text cast
+    to a long: Spark runs such a subquery in the driver with no job, and
+    hands its text to the generated code as an object, not as code. So the
+    code stays the same from batch to batch, and Spark's and the JIT's caches
+    keep it (``docs/pipeline.md``, "Execution"). A value that is None gives
+    code of its own, once. The cast costs each row a parse of a short text.
     """
     import pyarrow as pa  # type: ignore[import-untyped]
-    from pyspark.sql import functions as F
 
     table = pa.table(
-        {parameter_name(name): pa.array([value], pa.int64()) for name, value in values.items()}
+        {name: pa.array([None if v is None else str(v)], pa.string()) for name, v in values.items()}
     )
-    return F.broadcast(spark.createDataFrame(table))
+    one_row = spark.createDataFrame(table)
+    columns = {parameter_name(name): one_row.select(name).scalar() for name in values}
+    return {column: value.cast("bigint").alias(column) for column, value in columns.items()}
+
+
+def with_parameters(frame: DataFrame, parameters: dict[str, Column]) -> DataFrame:
+    """``frame`` with the columns of :func:`run_parameters` after its own. Lazy."""
+    return frame.select("*", *parameters.values())
 
 
 #: The prefix of :func:`run_parameters`' column names.

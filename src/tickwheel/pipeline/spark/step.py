@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any
 from ..rules import Rules, load_rules
 from .classify import C_EVENT, classify
 from .fanout import rule_events
-from .frames import driver_copy, empty_frame, parameter_name, run_parameters, sql_name
+from .frames import (
+    driver_copy,
+    empty_frame,
+    parameter_name,
+    run_parameters,
+    sql_name,
+    with_parameters,
+)
 from .outputs import (
     PartitionStats,
     buffered_table,
@@ -211,14 +218,14 @@ class DelayedOperations:
         if refused is not None:
             fields = fields.unionByName(refused)
         limit = None if self.future_limit is None else parameter_name("limit")
-        return parse_records(fields.crossJoin(self.params), self.rules, limit)
+        return parse_records(with_parameters(fields, self.params), self.rules, limit)
 
     def _carried_events(self) -> DataFrame | None:
         """The carried events in the columns of the parsed records."""
         events = self.state.events
         if events is None:
             return None
-        return events.crossJoin(self.params).selectExpr(
+        return with_parameters(events, self.params).selectExpr(
             "raw",
             "CAST(NULL AS STRING) AS reason",
             "event_id",
@@ -228,7 +235,7 @@ class DelayedOperations:
             *[f"{sql_name(f'k_{name}')} AS {key_column(i)}"
               for i, name in enumerate(self.rules.key_fields)],
             f"{used_type(self.rules, 'event_type')} AS relevant",
-            *[sql_name(c) for c in self.params.columns],
+            *[sql_name(c) for c in self.params],
         )  # fmt: skip
 
     def classified(self) -> DataFrame:
@@ -368,7 +375,7 @@ class DelayedOperations:
     @property
     def late(self) -> DataFrame:
         """Valid records older than the previous watermark (none without carried state)."""
-        return late_table(self.classified().crossJoin(self.params), self.rules)
+        return late_table(with_parameters(self.classified(), self.params), self.rules)
 
     def next_state(self) -> dict[str, DataFrame]:
         """The state the next micro-batch needs: ``events`` and ``ops`` (see CarriedState).
@@ -376,9 +383,9 @@ class DelayedOperations:
         The events are those at or above the new watermark. Spark compiles that
         bound into the query's code unless it reads it as data (a run
         parameter), except over events held in the driver, where it evaluates
-        the filter as it plans it: there the bound is a literal, and no job
-        broadcasts it. Needs :attr:`StepOptions.carry`, which keeps the raw
-        text and the expiry markers the next state is made of.
+        the filter as it plans it: there the bound is a literal. Needs
+        :attr:`StepOptions.carry`, which keeps the raw text and the expiry
+        markers the next state is made of.
         """
         if not self.options.carry:
             raise ValueError("next_state needs StepOptions(carry=True): it keeps what is carried")
@@ -388,7 +395,7 @@ class DelayedOperations:
         elif self.placement.in_driver:
             bound = str(watermark)
         else:
-            events = events.crossJoin(run_parameters(self.spark, w_new=watermark))
+            events = with_parameters(events, run_parameters(self.spark, w_new=watermark))
             bound = sql_name(parameter_name("w_new"))
         return {"events": next_events(events, self.rules, bound), "ops": next_ops(self.rows())}
 
