@@ -1,4 +1,4 @@
-"""Shared helpers of the pipeline tests: test data and reading outputs back."""
+"""Shared helpers of the pipeline tests: test data, reading outputs back, Spark's counters."""
 
 from __future__ import annotations
 
@@ -97,3 +97,9 @@ def read_outputs(out: Path) -> dict[str, list[tuple[Any, ...]]]:
         table = pq.read_table(out / name).to_pydict()
         result[name] = sorted(zip(*[table[c] for c in cols], strict=True), key=_sort_key)
     return result
+
+
+def spark_compilations(spark: Any) -> int:
+    """How many classes Spark has compiled from generated code in this JVM so far."""
+    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    return int(metrics.METRIC_COMPILATION_TIME().getCount())

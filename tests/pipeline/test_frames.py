@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pipeline_helpers import spark_compilations
 
 from tickwheel.pipeline.spark.frames import (
     parameter_name,
@@ -55,11 +56,6 @@ def test_sql_string_sql_name_and_sql_in_on_tricky_strings(spark: Any) -> None:
     assert spark.range(5).where(sql_in("id", (1, 3))).count() == 2
 
 
-def _compilations(spark: Any) -> int:
-    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
-    return int(metrics.METRIC_COMPILATION_TIME().getCount())
-
-
 def _jobs_of(spark: Any, group: str, action: Any) -> tuple[Any, int]:
     """``action()``'s result, and how many Spark jobs it ran."""
     context = spark.sparkContext
@@ -89,12 +85,12 @@ def test_run_parameters_change_no_generated_code_and_run_no_job(spark: Any) -> N
 
     counts(1, 4, "warm")  # compiles the query's code, and its code for a null bound
     counts(2, None, "warm-null")
-    before = _compilations(spark)
+    before = spark_compilations(spark)
     got, jobs = counts(3, 6, "a")
     assert got == [(3, 100), (4, 100), (5, 100)]
     got, _ = counts(8, None, "b")
     assert got == [(8, 100), (9, 100)]
-    assert _compilations(spark) == before
+    assert spark_compilations(spark) == before
     plain = rows.where("t >= 3 AND t < 6").repartition(2, "id").groupBy("t").count().orderBy("t")
     _, plain_jobs = _jobs_of(spark, "params-plain", plain.collect)
     assert jobs == plain_jobs

@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from pipeline_helpers import RULES_TOML, make_input, merge_into_one_file, read_outputs
+from pipeline_helpers import (
+    RULES_TOML,
+    make_input,
+    merge_into_one_file,
+    read_outputs,
+    spark_compilations,
+)
 
 from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.batch import run_job
@@ -223,18 +229,15 @@ def test_a_jobs_compiled_code_outlives_more_queries_than_sparks_default_keeps(
     """create_session keeps CODEGEN_CACHE_ENTRIES generated classes, where Spark keeps
     100: after 120 other queries, each with code of its own, the batch job runs again
     without compiling any of its code."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
     out = workload["root"] / "out-codegen"
     run_job(spark, workload["rules"], str(workload["input"]), str(out / "1"), partitions=2)
-    first = compilations.getCount()
+    first = spark_compilations(spark)
     for i in range(120):  # a literal is part of the generated code: 120 new classes
         spark.range(1).selectExpr(f"id * 7 + {i} AS x").collect()
-    others = compilations.getCount()
+    others = spark_compilations(spark)
     assert others >= first + 100
     run_job(spark, workload["rules"], str(workload["input"]), str(out / "2"), partitions=2)
-    assert compilations.getCount() == others
+    assert spark_compilations(spark) == others
 
 
 def test_batch_job_applies_the_retention_as_the_reference(
