@@ -44,7 +44,10 @@ def _pgpass(path: Path, *lines: str, mode: int = 0o600) -> dict[str, str]:
 
 
 def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace(":", "\\:")
+    """A pgpass field for ``text``: ``\\`` and ``:`` escaped, and a leading ``#`` too,
+    which would make the line a comment (libpq drops a backslash before any character)."""
+    escaped = text.replace("\\", "\\\\").replace(":", "\\:")
+    return "\\" + escaped if escaped.startswith("#") else escaped
 
 
 @pytest.mark.parametrize(
