@@ -44,8 +44,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
 # The whole suite on the compiled core (with the benchmarks' compiled floors, which
-# the benchmark tests run), then the library's suite (all but the Spark tests) again
-# on the pure-Python path; the packaging test builds from source whichever path runs,
+# the benchmark tests run), then the pipeline tests marked `connect` again on Spark
+# Connect sessions (PySpark's functions follow one session kind per process, so they
+# run in processes of their own: tests/pipeline/conftest.py), then the library's
+# suite (all but the Spark tests) again on the pure-Python path; the packaging test builds from source whichever path runs,
 # so it runs once. TICKWHEEL_NO_EXTENSIONS=1 runs only the pure path, for a machine
 # without a C compiler.
 #
@@ -58,6 +60,8 @@ ifeq ($(TICKWHEEL_NO_EXTENSIONS),)
 	@$(BIN)/python -c 'import sys, tickwheel; sys.exit(0 if tickwheel.COMPILED else "make test: the compiled core was not built; see the install output, or set TICKWHEEL_NO_EXTENSIONS=1 to test the pure path only")'
 	$(BIN)/python benchmarks/setup_floors.py
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
+	TICKWHEEL_TEST_SESSION=connect $(BIN)/python -m pytest -n $(PYTEST_WORKERS) \
+		--dist loadgroup -m connect tests/pipeline
 endif
 	TICKWHEEL_NO_EXTENSIONS=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests \
 		--ignore=tests/pipeline --ignore=tests/test_packaging.py

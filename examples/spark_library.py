@@ -1,6 +1,7 @@
 """tickwheel's delayed operations from a plain PySpark program: a batch and a stream.
 
     python examples/spark_library.py [WORK_DIR]
+    SPARK_REMOTE=sc://HOST:PORT python examples/spark_library.py   # on Spark Connect
 
 1. An in-memory DataFrame of order events (a ``value`` column of JSON, as
    Spark's text and Kafka sources give) through ``delayed_operations``: which
@@ -85,9 +86,14 @@ def main() -> int:
     # tickwheel's step runs Python in Spark's workers, so they need tickwheel, as any
     # PySpark library with Python functions does: here, this interpreter (Spark's
     # default is the ``python3`` on the PATH); on a cluster, the executors' environment.
+    # With SPARK_REMOTE set (sc://host:port, or local[2] for a server of its own),
+    # PySpark's builder makes a Spark Connect session: the same calls run on it.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = SparkSession.builder.master("local[2]").appName("tickwheel-example").getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    builder = SparkSession.builder.appName("tickwheel-example")
+    if "SPARK_REMOTE" not in os.environ:
+        builder = builder.master("local[2]")
+    spark = builder.getOrCreate()
+    print("session:", type(spark).__module__)
     try:
         batch(spark)
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,8 +1,17 @@
-"""Shared fixtures of the pipeline tests: ONE SparkSession for the whole run.
+"""Shared fixtures of the pipeline tests: ONE SparkSession per test process.
 
 Spark tests are marked ``@pytest.mark.spark``. The session is ``local[2]`` with
 the UI off, few shuffle partitions, loopback networking and this interpreter
 for the Python workers; it starts on first use and stops at the end.
+
+Its kind is the process's: classic by default, Spark Connect with
+``TICKWHEEL_TEST_SESSION=connect`` (``SparkSession.builder.remote("local[2]")``,
+a Connect server on a local master, as PySpark's parity tests run). PySpark
+picks its functions' implementation by a process-wide flag, so one process
+cannot hold both kinds: ``make test`` runs the tests marked
+``@pytest.mark.connect`` a second time, in processes of their own, on
+Connect, as ``pyspark.sql.tests.connect`` reruns the classic tests' mixins.
+Under Connect, the tests not marked so are deselected.
 """
 
 from __future__ import annotations
@@ -13,9 +22,21 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from stream_support import connect_run
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under Connect, keep only the tests that claim to run on both session kinds."""
+    if not connect_run():
+        return
+    kept = [item for item in items if item.get_closest_marker("connect") is not None]
+    deselected = [item for item in items if item.get_closest_marker("connect") is None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,27 +61,65 @@ def outputs_load_in_pandas(tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """The one SparkSession of the test run (local[2])."""
+    """The one SparkSession of this test process (local[2]): classic, or Spark
+    Connect under ``TICKWHEEL_TEST_SESSION=connect``."""
     pytest.importorskip("pyspark", reason="the spark extra is not installed")
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from tickwheel.pipeline.sinks import spark_jdbc_conf
     from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
 
-    session = create_session(
-        "local[2]",
-        app_name="tickwheel-tests",
-        shuffle_partitions=4,
-        conf={
-            "spark.driver.memory": "1g",
-            "spark.sql.execution.arrow.maxRecordsPerBatch": "500",
-            # the JDBC sinks' Debian jars (SQLite, PostgreSQL), when installed
-            **spark_jdbc_conf(),
-            # the stream's checkpoint logs, as tickwheel pipeline stream writes them
-            **STREAM_SESSION_CONF,
-        },
-    )
+    conf = {
+        "spark.driver.memory": "1g",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "500",
+        # the JDBC sinks' Debian jars (SQLite, PostgreSQL), when installed
+        **spark_jdbc_conf(),
+        # the stream's checkpoint logs, as tickwheel pipeline stream writes them
+        **STREAM_SESSION_CONF,
+    }
+    if connect_run():
+        session = connect_test_session(conf)
+    else:
+        session = create_session(
+            "local[2]", app_name="tickwheel-tests", shuffle_partitions=4, conf=conf
+        )
     try:
         yield session
     finally:
         session.stop()
+
+
+def connect_test_session(conf: dict[str, str]) -> SparkSession:
+    """A Spark Connect client to a Connect server on a local master in this process.
+
+    What ``SparkSession.builder.remote("local[2]")`` does, on a free port of
+    127.0.0.1 instead of Connect's fixed 15002, so that the test processes and
+    the jobs they start can each have a server: the classic session that hosts
+    the server starts with Connect's plugin, then a client connects to it. The
+    tests use only the client. The server's Python workers run this
+    interpreter, as the classic session's do.
+    """
+    import socket
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from tickwheel.pipeline.spark.session import create_session
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    create_session(
+        "local[2]",
+        app_name="tickwheel-tests-connect-server",
+        shuffle_partitions=4,
+        conf={
+            **conf,
+            "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(port),
+        },
+    )
+    # As the builder does after it starts a local server (whose check refuses a
+    # remote URL beside the hosting classic session): Connect's functions from now on.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    return ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()

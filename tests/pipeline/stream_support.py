@@ -9,6 +9,20 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: The environment variable that makes a test process's session a Connect one
+#: (``conftest.py``): ``classic`` (the default) or ``connect``.
+SESSION_ENV = "TICKWHEEL_TEST_SESSION"
+
+
+def connect_run() -> bool:
+    """Whether this test process runs on Spark Connect (:data:`SESSION_ENV`)."""
+    kind = os.environ.get(SESSION_ENV, "classic")
+    if kind not in ("classic", "connect"):
+        raise ValueError(f"{SESSION_ENV} must be classic or connect, got {kind!r}")
+    return kind == "connect"
+
+
 ORDERS_TOML = ROOT / "examples" / "orders.toml"
 
 OUTCOME_COLS = [

@@ -254,17 +254,87 @@ def test_stream_cli_keeps_the_password_secret(tmp_path: Path, server: Any, given
     _assert_secret_nowhere(tmp_path / "run", server, database, proc)
 
 
-@pytest.mark.spark
 def test_a_wrong_password_fails_without_showing_it(
-    spark: Any, server: Any, monkeypatch: pytest.MonkeyPatch
+    server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Authentication fails with pgjdbc's message; the password is not in it."""
+    """Authentication fails with a SinkError naming the redacted URL and the server's
+    cause; the password is not in it. No JVM: pg8000 connects."""
     wrong = f"{CORE}-wrong"
     url = f"jdbc:postgresql://127.0.0.1:{server.port}/postgres?user=postgres"
     monkeypatch.setenv("PGPASSWORD", wrong)
-    sink = PostgresSink(url, spark)
+    sink = PostgresSink(url)
     assert "wrong" not in sink.describe()
-    with pytest.raises(Exception, match="password authentication failed") as failure:
+    with pytest.raises(SinkError, match="password authentication failed") as failure:
         sink.is_committed(0)
+    assert f"at {url} (user postgres, password from PGPASSWORD)" in str(failure.value)
     assert _leaks(str(failure.value), repr(failure.value)) == []
     assert wrong not in str(failure.value)
+    in_url = PostgresSink(f"{url}&password={wrong}")
+    with pytest.raises(SinkError, match="password authentication failed") as failure:
+        in_url.committed_batches()
+    assert wrong not in str(failure.value) and "password from the URL" in str(failure.value)
+    monkeypatch.delenv("PGPASSWORD")
+    monkeypatch.setenv("PGPASSFILE", str(Path(server.dir) / "no-such-file"))
+    with pytest.raises(SinkError, match="asks for a password, and none was found"):
+        PostgresSink(url).is_committed(0)
+
+
+def test_an_unreachable_server_is_named() -> None:
+    """Connection refused: a SinkError naming the URL and the host, no traceback of
+    pg8000's; the URL's secrets redacted."""
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"jdbc:postgresql://127.0.0.1:{port}/db?user=u&password={CORE}&connectTimeout=5"
+    with pytest.raises(SinkError, match=f"127.0.0.1:{port}: Connection refused") as failure:
+        PostgresSink(url).is_committed(0)
+    assert _leaks(str(failure.value)) == []
+
+
+def test_the_sink_says_when_pg8000_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pg8000", None)
+    monkeypatch.setitem(sys.modules, "pg8000.dbapi", None)
+    with pytest.raises(SinkError, match=r"needs pg8000: pip install 'tickwheel\[spark\]'"):
+        PostgresSink("jdbc:postgresql://127.0.0.1:5432/db?user=u", None)
+
+
+def test_the_commits_connection_follows_the_url() -> None:
+    """pgjdbc's URL read for pg8000: every host in order, the database, the
+    schema and the SSL mode as pgjdbc reads them; what pg8000 cannot honour refused."""
+    import ssl
+
+    from tickwheel.pipeline.sinks import _pg_ssl_context, _pg_target
+
+    target = _pg_target(
+        "jdbc:postgresql://h1,h2:5433,[::1]:5434/shop?user=u&currentSchema=s1"
+        "&ApplicationName=tw&connectTimeout=0&socketTimeout=30&reWriteBatchedInserts=true"
+    )
+    assert target.hosts == (("h1", 5432), ("h2", 5433), ("::1", 5434))
+    assert target.database == "shop"
+    assert dict(target.startup) == {"search_path": "s1", "application_name": "tw"}
+    assert (target.connect_timeout, target.socket_timeout) == (None, 30.0)
+    assert _pg_target("jdbc:postgresql:shop").hosts == (("localhost", 5432),)
+    assert _pg_target("jdbc:postgresql:/").database is None  # the server's default: the user
+
+    def context(query: str) -> Any:
+        return _pg_ssl_context(_pg_target(f"{URL}?{query}"), None)
+
+    assert context("user=u") is None  # pgjdbc's default, prefer: SSL if offered
+    assert context("sslmode=disable") is False
+    assert context("ssl=false") is None
+    required = context("sslmode=require")
+    assert (required.verify_mode, required.check_hostname) == (ssl.CERT_NONE, False)
+    for query in ("ssl=true", "ssl", "sslmode=verify-full"):
+        full = context(query)
+        assert (full.verify_mode, full.check_hostname) == (ssl.CERT_REQUIRED, True), query
+    verify_ca = context("sslmode=verify-ca")
+    assert (verify_ca.verify_mode, verify_ca.check_hostname) == (ssl.CERT_REQUIRED, False)
+    trusting = context("ssl=true&sslfactory=org.postgresql.ssl.NonValidatingFactory")
+    assert trusting.verify_mode == ssl.CERT_NONE
+    for query in ("sslfactory=my.Factory", "sslhostnameverifier=x", "gssEncMode=require"):
+        with pytest.raises(SinkError, match="cannot honour"):
+            _pg_target(f"{URL}?{query}")
+    with pytest.raises(SinkError, match="sslmode=bogus"):
+        _pg_target(f"{URL}?sslmode=bogus")

@@ -1,7 +1,8 @@
-"""The sinks: Parquet, SQLite (JDBC) and PostgreSQL (JDBC), idempotent per batch id."""
+"""The sinks: Parquet, SQLite and PostgreSQL (JDBC rows, a Python commit), idempotent per batch."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,33 @@ def test_postgres_sink_round_trip(spark: Any, postgres: Any) -> None:
     _round_trip(spark, sink)
     assert postgres.psql("SELECT batch_id FROM tickwheel_batches ORDER BY 1").split() == ["0", "1"]
     assert postgres.psql("SELECT count(*) FROM stage_outcomes").strip() == "0"
+
+
+def test_postgres_sink_commits_without_a_jvm(spark: Any, postgres: Any) -> None:
+    """Spark stages the rows; a sink built without a session (pickled, as into a Spark
+    Connect server's foreachBatch) commits them through pg8000, once."""
+    import pickle
+
+    staging = PostgresSink(postgres.jdbc_url, spark, prefix="nojvm_")
+    committer = pickle.loads(pickle.dumps(PostgresSink(postgres.jdbc_url, prefix="nojvm_")))
+    staging.stage(4, {"outcomes": _frame(spark, 3, "a"), "late": _frame(spark, 0, "x")})
+    assert committer.is_committed(4) is False
+    assert committer.commit(4) is True
+    assert committer.committed_batches() == [4]
+
+    def rows() -> list[str]:
+        return postgres.psql("SELECT key FROM nojvm_outcomes ORDER BY key").split()
+
+    assert rows() == ["a0", "a1", "a2"]
+    staging.stage(4, {"outcomes": _frame(spark, 5, "b"), "late": _frame(spark, 0, "x")})
+    assert committer.commit(4) is False  # a replay: no second copy, its staged rows dropped
+    assert rows() == ["a0", "a1", "a2"]
+    assert postgres.psql("SELECT count(*) FROM nojvm_stage_outcomes").strip() == "0"
+    counts = postgres.psql("SELECT row_counts FROM nojvm_tickwheel_batches WHERE batch_id = 4")
+    assert json.loads(counts) == {"late": 0, "outcomes": 3}
+    back = committer.read_table(spark, "outcomes")  # Spark's JDBC reader, as before
+    assert back is not None
+    assert sorted(r.key for r in back.collect()) == ["a0", "a1", "a2"]
 
 
 def test_make_sink_names_the_problem(spark: Any, tmp_path: Path) -> None:

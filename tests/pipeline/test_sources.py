@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 from pipeline_helpers import COLUMNS, RULES_TOML, make_input, read_outputs
-from stream_support import compare_with_reference, feed, fresh, rows, subprocess_env, write_rules
+from stream_support import (
+    compare_with_reference,
+    connect_run,
+    feed,
+    fresh,
+    rows,
+    subprocess_env,
+    write_rules,
+)
 
 from support import kafka_like
 from support.reference import ReferenceResult, _sort_key, iter_input_lines, run_reference
@@ -31,6 +39,10 @@ from tickwheel.pipeline.stream.checkpoint import FAULT_POINTS
 from tickwheel.pipeline.stream.job import read_stream_outputs
 
 pytestmark = pytest.mark.spark
+
+#: The tests whose jobs start a Connect server of their own on Connect's one port
+#: (``SPARK_REMOTE=local[2]``) share an xdist group: one at a time.
+LOCAL_CONNECT_SERVER = "local-connect-server"
 
 #: Bounds every wait on a streaming query.
 QUERY_TIMEOUT_S = 240
@@ -60,6 +72,7 @@ def edge_input(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"base": base, "data": data, "rules": rules, "lines": iter_input_lines(data)}
 
 
+@pytest.mark.connect
 def test_library_batch_equals_the_command_line_and_the_reference(
     spark: Any, edge_input: dict[str, Any]
 ) -> None:
@@ -206,6 +219,7 @@ def _stream_outputs(spark: Any, tmp: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.connect
 @pytest.mark.parametrize("source", ["text", "json"])
 def test_start_stream_over_sparks_file_sources(
     spark: Any, tmp_path: Path, orders: dict[str, Any], source: str
@@ -246,6 +260,7 @@ def _topic(base: Path, files: list[Path], partitions: int = 3) -> tuple[Path, li
 
 
 @pytest.mark.slow
+@pytest.mark.connect
 def test_kafka_like_topic_appended_while_the_query_runs(
     spark: Any, tmp_path: Path, orders: dict[str, Any]
 ) -> None:
@@ -290,6 +305,8 @@ def _job(tmp: Path, rules: Path, fault: str | None) -> subprocess.CompletedProce
     script = Path(__file__).resolve().parents[1] / "support" / "kafka_like_job.py"
     args = ["--topic", str(tmp / "topic"), "--rules", str(rules), "--output", str(tmp / "out"),
             "--checkpoint", str(tmp / "ck"), "--max-records-per-trigger", "90"]  # fmt: skip
+    if connect_run():  # the job's own Connect server on a local master
+        args += ["--remote", "local[2]"]
     return subprocess.run(
         [sys.executable, str(script), *args],
         env=subprocess_env(fault),
@@ -301,6 +318,8 @@ def _job(tmp: Path, rules: Path, fault: str | None) -> subprocess.CompletedProce
 
 
 @pytest.mark.slow
+@pytest.mark.connect
+@pytest.mark.xdist_group(LOCAL_CONNECT_SERVER)
 @pytest.mark.timeout(1800)
 def test_kafka_like_topic_killed_at_every_fault_point(
     spark: Any, tmp_path: Path, orders: dict[str, Any]
@@ -314,7 +333,10 @@ def test_kafka_like_topic_killed_at_every_fault_point(
         if i == len(KILLS) // 2:  # the producer goes on while the job is down
             kafka_like.append(topic, halves[1])
         proc = _job(tmp_path, orders["rules"], f"{point}:{batch}")
-        assert proc.returncode == -signal.SIGKILL, (point, batch, proc.stderr[-3000:])
+        if connect_run():  # the process that runs foreachBatch died: the query fails
+            assert proc.returncode != 0, (point, batch, proc.stderr[-3000:])
+        else:
+            assert proc.returncode == -signal.SIGKILL, (point, batch, proc.stderr[-3000:])
         assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
     proc = _job(tmp_path, orders["rules"], None)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -339,13 +361,19 @@ def test_rules_may_be_a_rules_object_or_a_path(spark: Any, edge_input: dict[str,
 
 
 @pytest.mark.slow
+@pytest.mark.connect
+@pytest.mark.xdist_group(LOCAL_CONNECT_SERVER)
 def test_the_example_plain_pyspark_program_runs(tmp_path: Path) -> None:
-    """``examples/spark_library.py``: a batch and a stream from a plain PySpark program."""
+    """``examples/spark_library.py``: a batch and a stream from a plain PySpark program,
+    on a classic session, or on Spark Connect as ``SPARK_REMOTE`` asks."""
     example = Path(__file__).resolve().parents[2] / "examples" / "spark_library.py"
     env = subprocess_env()
     env.pop("JDK_JAVA_OPTIONS")  # the user's own JVM, as they would start it
     env.pop("PYSPARK_PYTHON")  # the program says which Python its workers run
     env.pop("PYSPARK_DRIVER_PYTHON")
+    env.pop("SPARK_REMOTE", None)
+    if connect_run():
+        env["SPARK_REMOTE"] = "local[2]"
     proc = subprocess.run(
         [sys.executable, str(example), str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=400, check=False,

@@ -17,16 +17,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the supp
 def main() -> int:
     from support import kafka_like
     from tickwheel.pipeline import start_stream
-    from tickwheel.pipeline.spark.session import create_session
+    from tickwheel.pipeline.spark.session import create_session, set_log_level
 
     parser = argparse.ArgumentParser()
     for name in ("--topic", "--rules", "--output", "--checkpoint"):
         parser.add_argument(name, required=True)
     parser.add_argument("--max-records-per-trigger", type=int, default=0)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--remote", help="a Spark Connect URL, as SparkSession.builder.remote")
     args = parser.parse_args()
-    spark = create_session("local[2]", app_name="kafka-like-job")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = create_session("local[2]", app_name="kafka-like-job", remote=args.remote)
+    set_log_level(spark, "ERROR")
     kafka_like.register(spark)
     records = (
         spark.readStream.format(kafka_like.NAME)

@@ -71,21 +71,28 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .batch import resolve_inputs
     from .rules import RulesError, load_rules
+    from .spark.session import (
+        check_remote_or_master,
+        default_driver_memory,
+        default_parallelism,
+        memory_failure,
+        partitions_for,
+    )
 
     try:
         rules = load_rules(args.rules)
         files = resolve_inputs(args.input, args.input_format or rules.input.format)
-    except (RulesError, FileNotFoundError) as exc:
+        problem = check_remote_or_master(args.remote, args.master)
+        if problem is not None:
+            raise ValueError(problem)
+    except (RulesError, FileNotFoundError, ValueError) as exc:
         print(f"tickwheel pipeline run: {exc}", file=sys.stderr)
         return 2
-    from .spark.session import default_driver_memory, memory_failure, partitions_for
 
     input_bytes = sum(os.path.getsize(f) for f in files)
     memory = args.driver_memory or default_driver_memory()
     spark, existing = _start_spark(args, input_bytes, memory)
-    partitions = args.partitions or partitions_for(
-        input_bytes, spark.sparkContext.defaultParallelism
-    )
+    partitions = args.partitions or partitions_for(input_bytes, default_parallelism(spark))
     try:
         summary = _run_job(spark, rules, args, partitions)
     except Exception as exc:
@@ -117,17 +124,23 @@ def _start_spark(args: argparse.Namespace, input_bytes: int, memory: str) -> tup
     from .spark.class_archive import startup_note
     from .spark.session import create_session, quick_jit_for
 
-    quick = args.jit == "c1" or (args.jit == "auto" and quick_jit_for(args.master, input_bytes))
     started = time.perf_counter()
+    existing = SparkSession.getActiveSession()
+    if args.remote is not None:
+        _say(f"[    0.0s] connecting to Spark Connect at {args.remote}")
+        spark = create_session(remote=args.remote, shuffle_partitions=args.partitions or 4)
+        _say(f"[{time.perf_counter() - started:7.1f}s] Spark {spark.version} is up")
+        return spark, existing
+    master = args.master or "local[2]"
+    quick = args.jit == "c1" or (args.jit == "auto" and quick_jit_for(master, input_bytes))
     jit = "C1 only" if quick else "C1 and C2"
     size = f"{input_bytes / 2**20:,.0f} MB"
-    archive, classes = startup_note(args.master)
+    archive, classes = startup_note(master)
     classes = f"; {classes}" if classes else ""
-    _say(f"[    0.0s] starting Spark ({args.master}; JIT: {jit}, driver memory {memory}, "
+    _say(f"[    0.0s] starting Spark ({master}; JIT: {jit}, driver memory {memory}, "
          f"for {size} of input{classes})")  # fmt: skip
-    existing = SparkSession.getActiveSession()
     spark = create_session(
-        args.master,
+        master,
         shuffle_partitions=args.partitions or 4,
         quick_jit=quick,
         class_archive=archive,
@@ -199,6 +212,8 @@ def add_pipeline_parser(subparsers: Any) -> None:
                      help="mean time between orders")  # fmt: skip
     gen.set_defaults(func=_cmd_generate)
 
+    from .spark.session import add_remote_argument
+
     run = sub.add_parser("run", help="run the batch pipeline on Spark")
     run.add_argument("--rules", required=True, help="rules TOML file")
     run.add_argument("--input", required=True, help="input directory, glob or file")
@@ -208,7 +223,8 @@ def add_pipeline_parser(subparsers: Any) -> None:
                           "Spark's default parallelism)")  # fmt: skip
     run.add_argument("--driver-memory", help="the Spark driver's heap, as spark-submit takes "
                      "it ('8g'; default: a quarter of this machine's memory)")  # fmt: skip
-    run.add_argument("--master", default="local[2]", help="Spark master URL")
+    run.add_argument("--master", help="Spark master URL (default local[2])")
+    add_remote_argument(run)
     run.add_argument("--format", choices=("parquet", "csv", "json"), default="parquet")
     run.add_argument("--input-format", choices=("jsonl", "json", "csv", "parquet", "maxwell"),
                      help="input format (default: the rules' [input].format)")  # fmt: skip

@@ -43,7 +43,13 @@ from .spark.outputs import (
     UNMATCHED_COLUMNS,
 )
 from .spark.records import DEFAULT_MAX_FUTURE_MS
-from .spark.session import JOB_SQL_SETTINGS, job_session, partitions_for
+from .spark.session import (
+    JOB_SQL_SETTINGS,
+    default_parallelism,
+    is_classic,
+    job_session,
+    partitions_for,
+)
 from .spark.step import DelayedOperations, StepOptions
 
 if TYPE_CHECKING:
@@ -147,7 +153,12 @@ class _Phases:
 
 @contextlib.contextmanager
 def _stage_progress(spark: SparkSession, phases: _Phases, on: bool) -> Iterator[None]:
-    """While the body runs, report the Spark stages' progress (when ``on``)."""
+    """While the body runs, report the Spark stages' progress (when ``on``).
+
+    Only a classic session has a status tracker; on Spark Connect the phases'
+    own lines are the progress.
+    """
+    on = on and is_classic(spark)
     stop = threading.Event()
     watcher = threading.Thread(
         target=_watch_stages,
@@ -169,8 +180,11 @@ def _described(spark: SparkSession, text: str, action: Callable[[], Any]) -> Any
     """Run ``action`` with ``text`` as its Spark jobs' description (as the UI shows it).
 
     The description is a property of the calling thread, so concurrent
-    actions, each in its own thread, keep their own.
+    actions, each in its own thread, keep their own. A Spark Connect client
+    cannot set it (it has no ``SparkContext``): there the action just runs.
     """
+    if not is_classic(spark):
+        return action()
     spark.sparkContext.setJobDescription(f"tickwheel batch: {text}")
     try:
         return action()
@@ -293,7 +307,7 @@ def run_job(
     files = resolve_inputs(input_path, fmt)
     if partitions is None:
         input_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
-        partitions = partitions_for(input_bytes, spark.sparkContext.defaultParallelism)
+        partitions = partitions_for(input_bytes, default_parallelism(spark))
     count = partitions
     spark = job_session(
         spark, {**JOB_SQL_SETTINGS, "spark.sql.shuffle.partitions": str(max(count, 2))}

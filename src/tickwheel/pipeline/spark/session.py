@@ -8,15 +8,21 @@
 * :func:`job_session` gives a job its own child session with
   :data:`JOB_SQL_SETTINGS`, leaving the caller's session as it was;
 * :data:`STREAM_SESSION_CONF` is what a session that runs
-  ``tickwheel pipeline stream`` sets besides.
+  ``tickwheel pipeline stream`` sets besides;
+* :func:`is_classic`, :func:`default_parallelism` and :func:`set_log_level`:
+  what differs between a classic session and a Spark Connect one. The step
+  uses only what both offer (DataFrame, SQL and streaming APIs); where a
+  classic session has an extra, the session's class decides, never a
+  process-wide flag.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .class_archive import java_options, session_conf
 
@@ -32,14 +38,61 @@ __all__ = [
     "QUICK_JIT_OPTIONS",
     "STREAM_SESSION_CONF",
     "WORKER_DAEMON",
+    "add_remote_argument",
+    "check_remote_or_master",
+    "connect_session",
     "create_session",
     "default_driver_memory",
+    "default_parallelism",
+    "is_classic",
     "job_session",
     "local_python",
     "memory_failure",
     "partitions_for",
     "quick_jit_for",
+    "set_log_level",
 ]
+
+
+def is_classic(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a classic session (Py4J to a JVM in this process's reach),
+    not a Spark Connect one. O(1).
+
+    Decided by the session's class, so one process may hold both kinds.
+    """
+    from pyspark.sql.session import SparkSession as ClassicSession
+
+    return isinstance(spark, ClassicSession)
+
+
+#: Connect sessions' default parallelism, by session id (one small job each).
+_PARALLELISM: dict[str, int] = {}
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """Spark's default parallelism for ``spark`` (the cores of a local master). O(1)
+    on a classic session; on Spark Connect one small job, the first time per session.
+
+    A Connect client has no ``SparkContext``. A range with no partition count
+    takes the default parallelism (``spark.sql.leafNodeDefaultParallelism``
+    unset), so its largest partition id tells it.
+    """
+    if is_classic(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    session_id = str(getattr(spark, "session_id", id(spark)))
+    if session_id not in _PARALLELISM:
+        from pyspark.sql import functions as F
+
+        ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+        row = ids.agg(F.max("p")).first()
+        _PARALLELISM[session_id] = 1 + int(row[0]) if row is not None else 1
+    return _PARALLELISM[session_id]
+
+
+def set_log_level(spark: SparkSession, level: str) -> None:
+    """Set the JVM's log level on a classic session; a Connect server keeps its own. O(1)."""
+    if is_classic(spark):
+        spark.sparkContext.setLogLevel(level)
 
 
 #: A batch run on a local master over at most this much input is short enough
@@ -162,8 +215,15 @@ def create_session(
     quick_jit: bool = False,
     class_archive: str | os.PathLike[str] | None = None,
     driver_memory: str | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
     """Start (or get) a SparkSession set up for the pipeline.
+
+    With ``remote`` (a Spark Connect URL, ``sc://host:port``), connect to that
+    server instead (:func:`connect_session`); ``master`` and the JVM's options
+    then belong to the server. ``remote="local[N]"`` starts a Connect server of
+    its own on that local master, in this process (as
+    ``SparkSession.builder.remote`` does), set up as a classic session would be.
 
     ``driver_memory`` is the driver JVM's heap (default:
     :func:`default_driver_memory`), as ``spark-submit --driver-memory`` takes it.
@@ -195,6 +255,15 @@ def create_session(
     where Spark keeps 100, so that the pipeline's jobs and a caller's other
     queries in the same session do not compile each other's code again.
     """
+    if remote is not None and not remote.startswith("local"):
+        settings = {
+            "spark.sql.shuffle.partitions": str(shuffle_partitions),
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "50000",
+            **(conf or {}),
+        }
+        return connect_session(remote, app_name, settings)
+    if remote is not None:  # "local[N]": a Connect server of its own, set up as below
+        master = remote
     python = local_python() if master.startswith("local") else sys.executable
     os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -207,7 +276,11 @@ def create_session(
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
 
     builder = (
-        SparkSession.builder.master(master)
+        (
+            SparkSession.builder.master(master)
+            if remote is None
+            else SparkSession.builder.remote(remote)
+        )
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -229,8 +302,50 @@ def create_session(
         builder = builder.config("spark.python.daemon.module", WORKER_DAEMON)
     for name, value in (conf or {}).items():
         builder = builder.config(name, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    with warnings.catch_warnings():
+        # A Connect server of its own starts with every setting; its client then sets
+        # them again on its session, and Connect warns for each static one it cannot.
+        warnings.filterwarnings("ignore", "Failed to set spark", UserWarning)
+        spark = builder.getOrCreate()
+    set_log_level(spark, "WARN")
+    return spark
+
+
+def add_remote_argument(parser: Any) -> None:
+    """Add ``--remote`` (a Spark Connect URL; default ``SPARK_REMOTE``) to a command. O(1)."""
+    parser.add_argument(
+        "--remote",
+        default=os.environ.get("SPARK_REMOTE") or None,
+        metavar="sc://HOST:PORT",
+        help="run on the Spark Connect server at this URL (default: SPARK_REMOTE); its "
+        "paths are the server's",
+    )
+
+
+def check_remote_or_master(remote: str | None, master: str | None) -> str | None:
+    """The message when both a Connect URL and a master are given, else None. O(1)."""
+    if remote is not None and master is not None:
+        return (
+            f"--remote {remote} and --master {master}: give one (a Connect server has its "
+            "own master); SPARK_REMOTE counts as --remote"
+        )
+    return None
+
+
+def connect_session(url: str, app_name: str, settings: Mapping[str, str]) -> SparkSession:
+    """A Spark Connect session to the server at ``url``, with those of ``settings``
+    that a client may set. O(settings) round trips.
+
+    A Connect server's static settings (the JVM, its jars, the workers' Python,
+    the class cache) are its own, fixed when it started; a client sets only
+    SQL settings that may change at run time, and the others are skipped.
+    """
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(url).appName(app_name).getOrCreate()
+    for key, value in settings.items():
+        if spark.conf.isModifiable(key):
+            spark.conf.set(key, value)
     return spark
 
 

@@ -61,6 +61,7 @@ from .records import (
     rejected_records,
     used_type,
 )
+from .session import default_parallelism
 from .watermark import RecordCounts, advance_watermark
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ class DelayedOperations:
         spark = records.sparkSession
         self.rules, self.options, self.state = rules, opts, state or CarriedState(None, None)
         self.spark = spark
-        self.partitions = _check_partitions(opts.partitions, spark.sparkContext.defaultParallelism)
+        self.partitions = _check_partitions(opts.partitions, default_parallelism(spark))
         if opts.rows_per_partition is not None:
             _check_partitions(opts.rows_per_partition, 1, name="rows_per_partition")
         if opts.max_future_ms is not None and (

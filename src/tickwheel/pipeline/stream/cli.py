@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..spark.session import add_remote_argument, check_remote_or_master
 from .checkpoint import StreamError
 from .job import StreamConfig, StreamJob
 
@@ -58,6 +59,7 @@ def add_stream_arguments(parser: Any) -> None:
         "('1d' default, '2h', ms, or 'off')",
     )
     parser.add_argument("--master", help="Spark master URL (default local[2])")
+    add_remote_argument(parser)
     parser.add_argument(
         "--driver-memory",
         help="the Spark driver's heap, as spark-submit takes it ('8g'; default: a quarter "
@@ -84,6 +86,9 @@ def run_stream_command(args: Any) -> int:
         max_future = parse_max_future(args.max_future)
         if args.partitions is not None and args.partitions < 1:
             raise StreamError("--partitions must be >= 1")
+        problem = check_remote_or_master(args.remote, args.master)
+        if problem is not None:
+            raise StreamError(problem)
         config = StreamConfig(
             rules_path=args.rules,
             input=args.input,
@@ -97,6 +102,7 @@ def run_stream_command(args: Any) -> int:
             max_files_per_trigger=args.max_files_per_trigger,
             max_future_ms=max_future,
             master=args.master,
+            remote=args.remote,
             driver_memory=args.driver_memory or default_driver_memory(),
             jit=args.jit,
             quiet=args.quiet,

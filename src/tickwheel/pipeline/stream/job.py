@@ -41,6 +41,7 @@ import datetime as dt
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -298,7 +299,11 @@ def _release_when_done(spark: SparkSession, query: StreamingQuery, lock: Checkpo
         def onQueryTerminated(self, event: Any) -> None:
             if str(event.id) == str(query.id):
                 lock.release()
-                spark.streams.removeListener(self)
+                # Spark Connect's client calls listeners holding the lock that
+                # removeListener takes: remove it from another thread.
+                threading.Thread(
+                    target=spark.streams.removeListener, args=(self,), daemon=True
+                ).start()
 
     spark.streams.addListener(Release())
     if not query.isActive:  # ended before the listener was in place
@@ -324,6 +329,7 @@ class StreamConfig:
     max_files_per_trigger: int | None = None
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS
     master: str | None = None
+    remote: str | None = None  # a Spark Connect URL (sc://host:port), instead of master
     driver_memory: str | None = None  # default: spark.session.default_driver_memory()
     jit: str = "auto"  # auto | c1 | c2: see StreamJob.quick_jit
     quiet: bool = False
@@ -352,7 +358,8 @@ class StreamJob:
         if not os.path.isdir(config.input):
             raise StreamError(f"--input {config.input}: not a directory")
         self.checkpoint = os.path.abspath(config.checkpoint)
-        self.root, self.store, self._lock = _checkpoint_root(self.checkpoint)
+        self.root, self.store, lock = _checkpoint_root(self.checkpoint)
+        self._lock: CheckpointLock | None = lock
         self._spark = spark
         self._batch_spark: SparkSession | None = None
         self._file_log_path = os.path.join(self.root, "files.log")
@@ -411,9 +418,18 @@ class StreamJob:
 
         from ..sinks import spark_jdbc_conf
         from ..spark.class_archive import startup_note
-        from ..spark.session import STREAM_SESSION_CONF, create_session
+        from ..spark.session import STREAM_SESSION_CONF, create_session, set_log_level
 
         conf = {"spark.sql.session.timeZone": "UTC", **spark_jdbc_conf(), **STREAM_SESSION_CONF}
+        if self.config.remote is not None:
+            _log(self.config.quiet, f"connecting to Spark Connect at {self.config.remote}")
+            self._spark = create_session(
+                remote=self.config.remote,
+                app_name="tickwheel-stream",
+                shuffle_partitions=self.config.partitions or 4,
+                conf=conf,
+            )
+            return self._spark
         master = self.config.master or "local[2]"
         archive, classes = startup_note(master)
         quick = self.quick_jit()
@@ -432,25 +448,36 @@ class StreamJob:
             driver_memory=self.config.driver_memory,
             quick_jit=quick,
         )
-        spark.sparkContext.setLogLevel("ERROR")
+        set_log_level(spark, "ERROR")
         self._spark = spark
         return spark
 
-    def _batch_session(self) -> SparkSession:
-        """The session the micro-batches read their files in: a child of :meth:`_session`.
+    def _batch_session(self, base: SparkSession | None = None) -> SparkSession:
+        """The session the micro-batches read their files in: a child of ``base``
+        (the micro-batch frame's session; default :meth:`_session`).
 
         Made once by :func:`~tickwheel.pipeline.spark.session.job_session`, with
-        the pipeline's job settings; the caller's session is not changed.
+        the pipeline's job settings; the caller's session is not changed. Under
+        Spark Connect the micro-batches run in a Python process beside the
+        server, where the frame's session is the one to build on.
         """
         if self._batch_spark is None:
             from ..spark.session import job_session
 
-            self._batch_spark = job_session(self._session())
+            self._batch_spark = job_session(base if base is not None else self._session())
         return self._batch_spark
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What Spark Connect ships of the job to the process that runs ``foreachBatch``:
+        no session, lock or open log (that process makes its own). O(1)."""
+        state = dict(self.__dict__)
+        state.update(_spark=None, _batch_spark=None, _file_log=None, _lock=None)
+        return state
 
     def close(self) -> None:
         """Release the checkpoint lock (the SparkSession is left to its owner)."""
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> StreamJob:
         return self
@@ -470,6 +497,7 @@ class StreamJob:
         def new_plan() -> dict[str, Any]:
             return _new_plan(batch_id, files=self._files(files_df, batch_id))
 
+        self._batch_session(files_df.sparkSession)
         plan = self.store.plan(batch_id, new_plan)
         return plan, self._run_batch(batch_id, plan)
 
@@ -509,14 +537,18 @@ class StreamJob:
     def run(self) -> dict[str, Any]:
         """Run the query to the end of the trigger (once / available-now) or forever."""
         from ..sinks import make_sink
+        from ..spark.session import is_classic
         from .file_source import SOURCE_NAME, OrderedFileSource
 
         spark = self._session()
+        before = self.store.committed()
         jvm_pid = None
-        with contextlib.suppress(Exception):
-            jvm = spark.sparkContext._jvm
-            assert jvm is not None
-            jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
+        if is_classic(spark):  # a Connect client has no JVM of its own to wait for
+            with contextlib.suppress(Exception):
+                jvm = spark.sparkContext._jvm
+                assert jvm is not None
+                jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
+        assert self._lock is not None
         self._lock.write_owner(jvm_pid)
         config = self.config
         self.sink = make_sink(config.sink, config.output, spark, url=config.jdbc_url)
@@ -547,6 +579,11 @@ class StreamJob:
             if query.isActive:
                 query.stop()
         summary = runner.summary(time.perf_counter() - started)
+        if not is_classic(spark):
+            # foreachBatch ran in a process beside the Connect server, which printed
+            # each micro-batch's counts; its batch ids are consecutive.
+            last = self.store.committed()
+            summary["batches_run"] = (last[-1] if last else -1) - (before[-1] if before else -1)
         _log(config.quiet, f"done: {json.dumps(summary, sort_keys=True)}")
         return summary
 
