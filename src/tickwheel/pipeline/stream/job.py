@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-    from ..sinks import BatchSink
+    from ..sinks import BatchSink, SinkFunction
     from .file_source import FileLog
 
 __all__ = [
@@ -217,9 +217,9 @@ def start_stream(
     records: DataFrame,
     rules: Rules | str | os.PathLike[str],
     *,
-    output: str,
+    output: str | None = None,
     checkpoint: str,
-    sink: str | BatchSink = "parquet",
+    sink: str | BatchSink | SinkFunction = "parquet",
     trigger: str | None = None,
     partitions: int | None = None,
     max_future: int | str | None = DEFAULT_MAX_FUTURE_MS,
@@ -237,14 +237,20 @@ def start_stream(
     one committed, and commits its ``outcomes``, ``unmatched``, ``rejected``
     and ``late`` rows to ``sink`` exactly once by batch id (``"parquet"`` in
     ``output``, ``"sqlite"``, ``"postgresql"`` with ``jdbc_url``, or a
-    :class:`~tickwheel.pipeline.sinks.BatchSink`). Spark's checkpoint goes to
+    :class:`~tickwheel.pipeline.sinks.BatchSink`). ``sink`` may also be a
+    function of your own, ``fn(tables, batch_id)``, as Spark's
+    ``foreachBatch`` calls one: ``tables`` maps those four names to the
+    micro-batch's DataFrames, the same rows when a crash makes Spark replay
+    the batch id, and idempotence by batch id is the function's
+    (:class:`~tickwheel.pipeline.sinks.FunctionSink`; ``output`` is then not
+    needed). Spark's checkpoint goes to
     ``CHECKPOINT/spark`` and tickwheel's state to ``CHECKPOINT/tickwheel``;
     the checkpoint is locked until the query ends (a second query on it
     raises :class:`CheckpointInUse`). ``trigger`` is ``"once"``,
     ``"available-now"``, ``"interval=30s"`` or None (Spark's default).
     ``read_stream_outputs`` reads the results with the pending operations.
     """
-    from ..sinks import make_sink
+    from ..sinks import as_sink, make_sink
 
     if not records.isStreaming:
         raise ValueError("start_stream takes a streaming DataFrame; for a batch one use "
@@ -254,6 +260,8 @@ def start_stream(
     spark = records.sparkSession
     if trigger is not None:
         parse_trigger(trigger)  # a bad trigger fails before the checkpoint is locked
+    if isinstance(sink, str) and output is None and sink != "postgresql":
+        raise ValueError(f"start_stream: the {sink} sink needs output=, a directory")
     options = StepOptions(
         partitions=partitions,
         max_future_ms=parse_max_future(max_future),
@@ -263,7 +271,9 @@ def start_stream(
     _, store, lock = _checkpoint_root(checkpoint)
     try:
         batch_sink = (
-            sink if not isinstance(sink, str) else make_sink(sink, output, spark, url=jdbc_url)
+            as_sink(sink)
+            if not isinstance(sink, str)
+            else make_sink(sink, output or "", spark, url=jdbc_url)
         )
 
         def process(frame: DataFrame, batch_id: int) -> tuple[Mapping[str, Any], dict[str, Any]]:
