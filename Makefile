@@ -60,8 +60,8 @@ ifeq ($(TICKWHEEL_NO_EXTENSIONS),)
 	@$(BIN)/python -c 'import sys, tickwheel; sys.exit(0 if tickwheel.COMPILED else "make test: the compiled core was not built; see the install output, or set TICKWHEEL_NO_EXTENSIONS=1 to test the pure path only")'
 	$(BIN)/python benchmarks/setup_floors.py
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
-	TICKWHEEL_TEST_SESSION=connect $(BIN)/python -m pytest -n $(PYTEST_WORKERS) \
-		--dist loadgroup -m connect tests/pipeline
+	TICKWHEEL_TEST_SESSION=connect $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m connect \
+		tests/pipeline
 endif
 	TICKWHEEL_NO_EXTENSIONS=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests \
 		--ignore=tests/pipeline --ignore=tests/test_packaging.py

@@ -90,36 +90,13 @@ def spark() -> Iterator[SparkSession]:
 
 
 def connect_test_session(conf: dict[str, str]) -> SparkSession:
-    """A Spark Connect client to a Connect server on a local master in this process.
-
-    What ``SparkSession.builder.remote("local[2]")`` does, on a free port of
-    127.0.0.1 instead of Connect's fixed 15002, so that the test processes and
-    the jobs they start can each have a server: the classic session that hosts
-    the server starts with Connect's plugin, then a client connects to it. The
-    tests use only the client. The server's Python workers run this
-    interpreter, as the classic session's do.
-    """
-    import socket
-
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
+    """A Spark Connect client to a Connect server on a local master in this process:
+    ``create_session(remote="local[2]")``, what ``SparkSession.builder.remote("local[2]")``
+    does, on a free port, so that the test processes and the jobs they start can each
+    have a server. The server's Python workers run this interpreter, as the classic
+    session's do."""
     from tickwheel.pipeline.spark.session import create_session
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    create_session(
-        "local[2]",
-        app_name="tickwheel-tests-connect-server",
-        shuffle_partitions=4,
-        conf={
-            **conf,
-            "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-            "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.connect.grpc.binding.port": str(port),
-        },
+    return create_session(
+        "local[2]", app_name="tickwheel-tests", shuffle_partitions=4, conf=conf, remote="local[2]"
     )
-    # As the builder does after it starts a local server (whose check refuses a
-    # remote URL beside the hosting classic session): Connect's functions from now on.
-    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    return ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()

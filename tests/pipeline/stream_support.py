@@ -101,6 +101,10 @@ def subprocess_env(fault: str | None = None) -> dict[str, str]:
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     env.pop("TICKWHEEL_FAULT", None)
+    # A Connect test process's own session state is not its children's: each job
+    # starts the session it asks for.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_REMOTE"):
+        env.pop(name, None)
     if fault is not None:
         env["TICKWHEEL_FAULT"] = fault
     # Each of these drivers lives for a few small micro-batches, so the JVM's

@@ -40,10 +40,6 @@ from tickwheel.pipeline.stream.job import read_stream_outputs
 
 pytestmark = pytest.mark.spark
 
-#: The tests whose jobs start a Connect server of their own on Connect's one port
-#: (``SPARK_REMOTE=local[2]``) share an xdist group: one at a time.
-LOCAL_CONNECT_SERVER = "local-connect-server"
-
 #: Bounds every wait on a streaming query.
 QUERY_TIMEOUT_S = 240
 
@@ -302,14 +298,19 @@ KILLS = [
 
 
 def _job(tmp: Path, rules: Path, fault: str | None) -> subprocess.CompletedProcess[str]:
+    """The Kafka-like topic's job; a killed run's fault message is at the end of its
+    standard error, and of ``TMP/faults.log`` (Connect: the process beside the server
+    dies, and its standard error may not reach the job's)."""
     script = Path(__file__).resolve().parents[1] / "support" / "kafka_like_job.py"
     args = ["--topic", str(tmp / "topic"), "--rules", str(rules), "--output", str(tmp / "out"),
             "--checkpoint", str(tmp / "ck"), "--max-records-per-trigger", "90"]  # fmt: skip
     if connect_run():  # the job's own Connect server on a local master
         args += ["--remote", "local[2]"]
+    env = subprocess_env(fault)
+    env["TICKWHEEL_FAULT_LOG"] = str(tmp / "faults.log")
     return subprocess.run(
         [sys.executable, str(script), *args],
-        env=subprocess_env(fault),
+        env=env,
         capture_output=True,
         text=True,
         timeout=240,
@@ -319,7 +320,6 @@ def _job(tmp: Path, rules: Path, fault: str | None) -> subprocess.CompletedProce
 
 @pytest.mark.slow
 @pytest.mark.connect
-@pytest.mark.xdist_group(LOCAL_CONNECT_SERVER)
 @pytest.mark.timeout(1800)
 def test_kafka_like_topic_killed_at_every_fault_point(
     spark: Any, tmp_path: Path, orders: dict[str, Any]
@@ -337,7 +337,9 @@ def test_kafka_like_topic_killed_at_every_fault_point(
             assert proc.returncode != 0, (point, batch, proc.stderr[-3000:])
         else:
             assert proc.returncode == -signal.SIGKILL, (point, batch, proc.stderr[-3000:])
-        assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
+            assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
+        faults = (tmp_path / "faults.log").read_text(encoding="utf-8").splitlines()
+        assert faults[-1].endswith(f"SIGKILL at {point} of batch {batch}"), faults
     proc = _job(tmp_path, orders["rules"], None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert ParquetSink(str(tmp_path / "out")).committed_batches() == list(
@@ -362,7 +364,6 @@ def test_rules_may_be_a_rules_object_or_a_path(spark: Any, edge_input: dict[str,
 
 @pytest.mark.slow
 @pytest.mark.connect
-@pytest.mark.xdist_group(LOCAL_CONNECT_SERVER)
 def test_the_example_plain_pyspark_program_runs(tmp_path: Path) -> None:
     """``examples/spark_library.py``: a batch and a stream from a plain PySpark program,
     on a classic session, or on Spark Connect as ``SPARK_REMOTE`` asks."""

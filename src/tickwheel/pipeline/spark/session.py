@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -222,8 +221,9 @@ def create_session(
     With ``remote`` (a Spark Connect URL, ``sc://host:port``), connect to that
     server instead (:func:`connect_session`); ``master`` and the JVM's options
     then belong to the server. ``remote="local[N]"`` starts a Connect server of
-    its own on that local master, in this process (as
-    ``SparkSession.builder.remote`` does), set up as a classic session would be.
+    its own on that local master, in this process, on a free port of
+    127.0.0.1 (as ``SparkSession.builder.remote("local[N]")`` does on port
+    15002), set up as a classic session would be, and returns a client of it.
 
     ``driver_memory`` is the driver JVM's heap (default:
     :func:`default_driver_memory`), as ``spark-submit --driver-memory`` takes it.
@@ -262,8 +262,15 @@ def create_session(
             **(conf or {}),
         }
         return connect_session(remote, app_name, settings)
+    local_server_port = None
     if remote is not None:  # "local[N]": a Connect server of its own, set up as below
-        master = remote
+        master, local_server_port = remote, _free_loopback_port()
+        conf = {
+            **(conf or {}),
+            "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(local_server_port),
+        }
     python = local_python() if master.startswith("local") else sys.executable
     os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -276,11 +283,7 @@ def create_session(
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
 
     builder = (
-        (
-            SparkSession.builder.master(master)
-            if remote is None
-            else SparkSession.builder.remote(remote)
-        )
+        SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -302,13 +305,36 @@ def create_session(
         builder = builder.config("spark.python.daemon.module", WORKER_DAEMON)
     for name, value in (conf or {}).items():
         builder = builder.config(name, value)
-    with warnings.catch_warnings():
-        # A Connect server of its own starts with every setting; its client then sets
-        # them again on its session, and Connect warns for each static one it cannot.
-        warnings.filterwarnings("ignore", "Failed to set spark", UserWarning)
-        spark = builder.getOrCreate()
+    spark = builder.getOrCreate()
     set_log_level(spark, "WARN")
-    return spark
+    if local_server_port is None:
+        return spark
+    return _client_of_local_server(local_server_port)
+
+
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _client_of_local_server(port: int) -> SparkSession:
+    """A Connect client to the server that this process's classic session hosts on
+    ``port``: what ``SparkSession.builder.remote("local[N]")`` does, on a free port
+    instead of Connect's one default port, so that several processes of a machine
+    can each have one.
+
+    PySpark's builder refuses a remote URL beside a classic session, so this goes
+    to Connect's own builder, and sets the process-wide flag that the builder sets
+    after it starts a local server: PySpark's functions are Connect's from now on.
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    client = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+    return client  # type: ignore[return-value]  # PySpark types both kinds as its one API
 
 
 def add_remote_argument(parser: Any) -> None:

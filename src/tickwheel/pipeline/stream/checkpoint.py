@@ -26,6 +26,7 @@ from ..durable import fsync_dir, read_json, write_json
 
 __all__ = [
     "FAULT_ENV",
+    "FAULT_LOG_ENV",
     "FAULT_POINTS",
     "CheckpointInUse",
     "CheckpointLock",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 FAULT_ENV = "TICKWHEEL_FAULT"
+FAULT_LOG_ENV = "TICKWHEEL_FAULT_LOG"
 #: Where ``TICKWHEEL_FAULT=POINT:BATCH`` can kill the driver, in batch order.
 FAULT_POINTS = (
     "batch_start",  # before anything of the batch is written
@@ -55,11 +57,24 @@ class CheckpointInUse(StreamError):
 
 
 def fault(point: str, batch_id: int) -> None:
-    """Kill this process with SIGKILL if ``TICKWHEEL_FAULT`` is ``point:batch_id`` (tests)."""
+    """Kill this process with SIGKILL if ``TICKWHEEL_FAULT`` is ``point:batch_id`` (tests).
+
+    The process is the one that runs ``foreachBatch``: the driver on a classic
+    session, the Python process beside the server under Spark Connect, whose
+    standard error reaches the client only through the server's log, if at
+    all; so the message also goes to the file ``TICKWHEEL_FAULT_LOG`` names.
+    """
     spec = os.environ.get(FAULT_ENV)
     if spec and spec == f"{point}:{batch_id}":
-        sys.stderr.write(f"tickwheel: fault injection: SIGKILL at {point} of batch {batch_id}\n")
+        message = f"tickwheel: fault injection: SIGKILL at {point} of batch {batch_id}\n"
+        sys.stderr.write(message)
         sys.stderr.flush()
+        log = os.environ.get(FAULT_LOG_ENV)
+        if log:
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(message)
+                fh.flush()
+                os.fsync(fh.fileno())
         os.kill(os.getpid(), signal.SIGKILL)
 
 
