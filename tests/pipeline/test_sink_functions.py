@@ -49,7 +49,7 @@ JOB = textwrap.dedent(
     from tickwheel.pipeline import start_stream
     from tickwheel.pipeline.spark.session import create_session
 
-    kind, inbox, rules, out, ck = sys.argv[2:7]
+    inbox, rules, out, ck = sys.argv[2:6]
 
     class FileProducer:
         '''A producer appending (key, value) records to one file, as a topic's log.'''
@@ -65,11 +65,15 @@ JOB = textwrap.dedent(
         def flush(self):
             pass
 
-    if kind == "partition":
-        sink = replace_batch_partition(out)
-    else:
-        os.makedirs(out, exist_ok=True)
-        sink = append_to_topic(FileProducer(os.path.join(out, "topic.log")), "unpaid")
+    # Both examples in one job: each gets every micro-batch, the replay included.
+    os.makedirs(out, exist_ok=True)
+    to_table = replace_batch_partition(os.path.join(out, "table"))
+    to_topic = append_to_topic(FileProducer(os.path.join(out, "topic.log")), "unpaid")
+
+    def sink(tables, batch_id):
+        to_table(tables, batch_id)
+        to_topic(tables, batch_id)
+
     spark = create_session("local[2]", app_name="sink-function-job")
     records = spark.readStream.option("maxFilesPerTrigger", 1).text(inbox)
     query = start_stream(records, rules, checkpoint=ck, sink=sink, trigger="available-now")
@@ -105,11 +109,19 @@ def committed_outcomes(spark: Any, stream_input: dict[str, Path]) -> list[tuple[
     return outcomes
 
 
-def _job(stream_input: dict[str, Path], kind: str, fault: str | None) -> Path:
+@pytest.fixture(scope="module")
+def function_outputs(stream_input: dict[str, Path]) -> Path:
+    """The job with both example sinks: killed after its function wrote micro-batch 1
+    and before the checkpoint committed it, then run again to the end."""
+    _job(stream_input, "after_sink_commit:1")
+    return _job(stream_input, None)
+
+
+def _job(stream_input: dict[str, Path], fault: str | None) -> Path:
     base = stream_input["base"]
-    out, ck = base / f"{kind}-out", base / f"{kind}-ck"
+    out, ck = base / "function-out", base / "function-ck"
     proc = subprocess.run(
-        [sys.executable, str(base / "job.py"), str(EXAMPLES), kind, str(stream_input["in"]),
+        [sys.executable, str(base / "job.py"), str(EXAMPLES), str(stream_input["in"]),
          str(stream_input["rules"]), str(out), str(ck)],
         env=subprocess_env(fault), capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -122,10 +134,9 @@ def _job(stream_input: dict[str, Path], kind: str, fault: str | None) -> Path:
 
 
 def test_a_table_keyed_by_batch_id_holds_each_batch_once(
-    spark: Any, stream_input: dict[str, Path], committed_outcomes: list[tuple[Any, ...]]
+    spark: Any, function_outputs: Path, committed_outcomes: list[tuple[Any, ...]]
 ) -> None:
-    _job(stream_input, "partition", "after_sink_commit:1")
-    out = _job(stream_input, "partition", None)
+    out = function_outputs / "table"
     table = spark.read.parquet(str(out / "outcomes"))
     assert rows(table, [*OUTCOME_COLS, "batch_id"]) == committed_outcomes
     assert sorted(p.name for p in (out / "outcomes").glob("batch_id=*")) == [
@@ -134,16 +145,14 @@ def test_a_table_keyed_by_batch_id_holds_each_batch_once(
 
 
 def test_a_topic_gets_a_replayed_batch_twice_and_its_consumer_keeps_one(
-    stream_input: dict[str, Path], committed_outcomes: list[tuple[Any, ...]]
+    function_outputs: Path, committed_outcomes: list[tuple[Any, ...]]
 ) -> None:
     sys.path.insert(0, str(EXAMPLES))
     try:
         from stream_sinks import first_copies
     finally:
         sys.path.remove(str(EXAMPLES))
-    _job(stream_input, "topic", "after_sink_commit:1")
-    out = _job(stream_input, "topic", None)
-    log = [json.loads(line) for line in (out / "topic.log").read_text().splitlines()]
+    log = [json.loads(line) for line in (function_outputs / "topic.log").read_text().splitlines()]
     records = [json.loads(entry["value"]) for entry in log]
     batch_1 = [r for r in records if r["batch_id"] == 1]
     assert batch_1 and len(batch_1) == 2 * sum(1 for r in committed_outcomes if r[-1] == 1)

@@ -185,6 +185,10 @@ def test_frames_the_step_cannot_read_are_refused(spark: Any, edge_input: dict[st
         delayed_operations(spark.readStream.text(str(edge_input["data"])), rules)
     with pytest.raises(ValueError, match="for a batch one use delayed_operations"):
         start_stream(frame, rules, output="o", checkpoint=str(edge_input["base"] / "never"))
+    streaming = spark.readStream.text(str(edge_input["data"]))
+    with pytest.raises(ValueError, match="the parquet sink needs output=, a directory"):
+        start_stream(streaming, rules, checkpoint=str(edge_input["base"] / "never"))
+    assert not (edge_input["base"] / "never").exists()  # refused before the checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -215,8 +219,7 @@ def _stream_outputs(spark: Any, tmp: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.connect
-@pytest.mark.parametrize("source", ["text", "json"])
+@pytest.mark.parametrize("source", [pytest.param("text", marks=pytest.mark.connect), "json"])
 def test_start_stream_over_sparks_file_sources(
     spark: Any, tmp_path: Path, orders: dict[str, Any], source: str
 ) -> None:

@@ -260,7 +260,7 @@ def start_stream(
     spark = records.sparkSession
     if trigger is not None:
         parse_trigger(trigger)  # a bad trigger fails before the checkpoint is locked
-    if isinstance(sink, str) and output is None and sink != "postgresql":
+    if isinstance(sink, str) and output is None and sink not in ("postgresql", "postgres"):
         raise ValueError(f"start_stream: the {sink} sink needs output=, a directory")
     options = StepOptions(
         partitions=partitions,
