@@ -262,15 +262,34 @@ def create_session(
             **(conf or {}),
         }
         return connect_session(remote, app_name, settings)
-    local_server_port = None
+    port = None
     if remote is not None:  # "local[N]": a Connect server of its own, set up as below
-        master, local_server_port = remote, _free_loopback_port()
+        master, port = remote, _free_loopback_port()
         conf = {
             **(conf or {}),
             "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
             "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.connect.grpc.binding.port": str(local_server_port),
+            "spark.connect.grpc.binding.port": str(port),
         }
+    builder = _session_builder(
+        master, app_name, shuffle_partitions, conf or {}, quick_jit, class_archive, driver_memory
+    )
+    spark = builder.getOrCreate()
+    set_log_level(spark, "WARN")
+    return spark if port is None else _client_of_local_server(port)
+
+
+def _session_builder(
+    master: str,
+    app_name: str,
+    shuffle_partitions: int,
+    conf: Mapping[str, str],
+    quick_jit: bool,
+    class_archive: str | os.PathLike[str] | None,
+    driver_memory: str | None,
+) -> Any:
+    """The builder of :func:`create_session`'s classic session, and the environment
+    its JVM and workers start in. O(settings)."""
     python = local_python() if master.startswith("local") else sys.executable
     os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -303,13 +322,9 @@ def create_session(
             builder = builder.config(name, value)
     if master.startswith("local"):  # the workers run this interpreter: see worker_daemon
         builder = builder.config("spark.python.daemon.module", WORKER_DAEMON)
-    for name, value in (conf or {}).items():
+    for name, value in conf.items():
         builder = builder.config(name, value)
-    spark = builder.getOrCreate()
-    set_log_level(spark, "WARN")
-    if local_server_port is None:
-        return spark
-    return _client_of_local_server(local_server_port)
+    return builder
 
 
 def _free_loopback_port() -> int:
