@@ -7,8 +7,9 @@
 #
 # Interpreters: $PYTHONS (space-separated commands or paths) when set, else each
 # python3.12 … python3.15 on PATH, and each of pyenv's 3.12+ builds, that runs.
-# Each gets its own virtual environment under .venvs/<version>, with the dev
-# extra pinned in pyproject.toml. Exits non-zero if any run fails, if no
+# Each gets its own virtual environment under .venvs/<version>, with the test
+# extra pinned in pyproject.toml (the tools; the pipeline's Spark stack is not
+# needed there). Exits non-zero if any run fails, if no
 # interpreter was found, or if a 3.12+ version that pyproject.toml claims (its
 # classifiers) had none.
 set -euo pipefail
@@ -43,7 +44,7 @@ for py in "${candidates[@]}"; do
     fi
     started=$SECONDS
     "$venv/bin/python" -m pip install --quiet --upgrade pip
-    "$venv/bin/python" -m pip install --quiet -e '.[dev]'
+    "$venv/bin/python" -m pip install --quiet -e '.[test]'
     ran=$((ran + 1))
     if ! "$venv/bin/python" -m pytest -n "${PYTEST_WORKERS:-2}" --ignore=tests/pipeline -p no:cacheprovider -q; then
         failed+=("$version")
