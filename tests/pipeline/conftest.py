@@ -77,26 +77,15 @@ def spark() -> Iterator[SparkSession]:
         # the stream's checkpoint logs, as tickwheel pipeline stream writes them
         **STREAM_SESSION_CONF,
     }
-    if connect_run():
-        session = connect_test_session(conf)
-    else:
-        session = create_session(
-            "local[2]", app_name="tickwheel-tests", shuffle_partitions=4, conf=conf
-        )
+    # Under Connect, a Connect server on a local master in this process, on a free
+    # port (as SparkSession.builder.remote("local[2]") does on 15002), so that the
+    # test processes and the jobs they start can each have one; its Python workers
+    # run this interpreter, as the classic session's do.
+    remote = "local[2]" if connect_run() else None
+    session = create_session(
+        "local[2]", app_name="tickwheel-tests", shuffle_partitions=4, conf=conf, remote=remote
+    )
     try:
         yield session
     finally:
         session.stop()
-
-
-def connect_test_session(conf: dict[str, str]) -> SparkSession:
-    """A Spark Connect client to a Connect server on a local master in this process:
-    ``create_session(remote="local[2]")``, what ``SparkSession.builder.remote("local[2]")``
-    does, on a free port, so that the test processes and the jobs they start can each
-    have a server. The server's Python workers run this interpreter, as the classic
-    session's do."""
-    from tickwheel.pipeline.spark.session import create_session
-
-    return create_session(
-        "local[2]", app_name="tickwheel-tests", shuffle_partitions=4, conf=conf, remote="local[2]"
-    )

@@ -256,11 +256,7 @@ def create_session(
     queries in the same session do not compile each other's code again.
     """
     if remote is not None and not remote.startswith("local"):
-        settings = {
-            "spark.sql.shuffle.partitions": str(shuffle_partitions),
-            "spark.sql.execution.arrow.maxRecordsPerBatch": "50000",
-            **(conf or {}),
-        }
+        settings = {**_run_time_settings(shuffle_partitions), **(conf or {})}
         return connect_session(remote, app_name, settings)
     port = None
     if remote is not None:  # "local[N]": a Connect server of its own, set up as below
@@ -307,9 +303,7 @@ def _session_builder(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.codegen.cache.maxEntries", str(CODEGEN_CACHE_ENTRIES))
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
         .config("spark.driver.memory", driver_memory or default_driver_memory())
         .config("spark.executorEnv.PYSPARK_PYTHON", python)
     )
@@ -322,9 +316,18 @@ def _session_builder(
             builder = builder.config(name, value)
     if master.startswith("local"):  # the workers run this interpreter: see worker_daemon
         builder = builder.config("spark.python.daemon.module", WORKER_DAEMON)
-    for name, value in conf.items():
+    for name, value in {**_run_time_settings(shuffle_partitions), **conf}.items():
         builder = builder.config(name, value)
     return builder
+
+
+def _run_time_settings(shuffle_partitions: int) -> dict[str, str]:
+    """The SQL settings of :func:`create_session` that a Spark Connect client may set
+    too, where the server's static ones are out of its reach. O(1)."""
+    return {
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "50000",
+    }
 
 
 def _free_loopback_port() -> int:
