@@ -11,7 +11,12 @@ matters of Kafka is kept:
   is a range of each log, and Spark's offset log pins it: a replay after a
   crash reads the same records;
 * records appended while the query runs (:func:`append`) are taken by a
-  later micro-batch;
+  later micro-batch, and all of one append at once: a reader sees a
+  partition's records only up to its high watermark, and :func:`append`
+  publishes the new high watermarks of every partition in one file, replaced
+  whole (a reader seeing a partition's part of an append and not another's
+  would take the later events of one partition first and find the others
+  late);
 * at most ``maxRecordsPerTrigger`` records per micro-batch, spread over the
   partitions, as Kafka's ``maxOffsetsPerTrigger`` does;
 * rows shaped as Kafka's source gives them: ``key`` and ``value`` as bytes,
@@ -23,6 +28,7 @@ tests' directory need not be on their path.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,33 +47,49 @@ NAME = "kafka_like"
 SCHEMA = "key binary, value binary, topic string, partition int, offset long"
 
 
+HIGH_WATERMARKS = "high_watermarks.json"
+
+
 def create_topic(topic: Path, partitions: int) -> None:
     """An empty topic of ``partitions`` partitions."""
     topic.mkdir(parents=True, exist_ok=True)
     for p in range(partitions):
         (topic / f"p{p}").touch()
+    _publish(topic, dict.fromkeys((f"p{p}" for p in range(partitions)), 0))
+
+
+def _publish(topic: Path, high_watermarks: dict[str, int]) -> None:
+    """Replace the topic's high watermarks in one step."""
+    staged = topic / f".{HIGH_WATERMARKS}.tmp"
+    with staged.open("w", encoding="utf-8") as fh:
+        json.dump(high_watermarks, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(staged, topic / HIGH_WATERMARKS)
+
+
+def _high_watermarks(topic: str | Path) -> dict[str, int]:
+    with open(os.path.join(topic, HIGH_WATERMARKS), encoding="utf-8") as fh:
+        return {str(p): int(n) for p, n in json.load(fh).items()}
 
 
 def append(topic: Path, records: Sequence[bytes], key_of: Any = None) -> None:
     """Append ``records`` (one line each) to the partitions, by the hash of ``key_of(record)``
     (round robin when None), fsynced, as a producer would."""
-    parts = sorted(topic.iterdir())
-    by_part: dict[Path, list[bytes]] = {p: [] for p in parts}
+    high_watermarks = _high_watermarks(topic)
+    parts = sorted(high_watermarks, key=lambda name: int(name[1:]))
+    by_part: dict[str, list[bytes]] = {p: [] for p in parts}
     for i, record in enumerate(records):
         index = i if key_of is None else sum(key_of(record))
         by_part[parts[index % len(parts)]].append(record)
     for part, lines in by_part.items():
         if lines:
-            with part.open("ab") as fh:
+            with (topic / part).open("ab") as fh:
                 fh.write(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))
                 fh.flush()
                 os.fsync(fh.fileno())
-
-
-def _log_length(path: str) -> int:
-    """Records in a partition's log: complete lines only (a producer may be mid-append)."""
-    with open(path, "rb") as fh:
-        return fh.read().count(b"\n")
+            high_watermarks[part] += len(lines)
+    _publish(topic, high_watermarks)
 
 
 @dataclass(frozen=True)
@@ -85,12 +107,12 @@ class TopicReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.topic = options["path"]
-        self.parts = sorted(os.listdir(self.topic), key=lambda name: int(name[1:]))
+        self.parts = sorted(_high_watermarks(self.topic), key=lambda name: int(name[1:]))
         self.max_rows = int(options.get("maxRecordsPerTrigger") or 0)
         self._end: dict[str, int] | None = None  # the available-now snapshot's end
 
     def _lengths(self) -> dict[str, int]:
-        return {p: _log_length(os.path.join(self.topic, p)) for p in self.parts}
+        return _high_watermarks(self.topic)
 
     def initialOffset(self) -> dict[str, int]:
         return dict.fromkeys(self.parts, 0)
