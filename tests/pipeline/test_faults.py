@@ -336,7 +336,7 @@ def test_stream(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     tables = load_everywhere(out, "parquet")
     assert "add1" in set(tables["outcomes"]["op_id"])  # expired: the watermark jumped
     assert sorted(tables["late"]["event_id"]) == ["old0", "old1", "old2"]
-    meta = [json.loads(p.read_text()) for p in (ck / "tickwheel" / "state").glob("*/meta.json")]
+    meta = [json.loads(p.read_text()) for p in (ck / "tickwheel" / "commits").glob("*.json")]
     assert any(m["warnings"] for m in meta)
 
 

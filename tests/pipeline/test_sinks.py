@@ -85,7 +85,7 @@ def test_parquet_sink_round_trip(spark: Any, tmp_path: Path) -> None:
 
 
 def test_parquet_sink_replaces_a_half_committed_batch(spark: Any, tmp_path: Path) -> None:
-    """A crash between the renames and the marker: the replay replaces its own copy."""
+    """A crash after the tables and before the marker: the replay replaces its own copy."""
     sink = ParquetSink(str(tmp_path / "out"))
     sink.stage(0, {"outcomes": _frame(spark, 3, "a")})
     sink.commit(0)
@@ -202,8 +202,10 @@ def test_write_parquet_writes_the_same_rows_and_types_either_way(
     spark: Any, tmp_path: Path, in_driver: bool
 ) -> None:
     """Spark's writer or the driver's pyarrow: the same rows, read back with the
-    frame's own column types (nulls, bytes and epoch-ms longs included), and a
-    second write replaces the first."""
+    frame's own column types (nulls, bytes and epoch-ms longs included); a
+    second write into the same directory is refused, never an overwrite."""
+    from pyspark.errors import AnalysisException
+
     from tickwheel.pipeline.spark.frames import write_parquet
 
     schema = f"{SCHEMA}, raw_bytes binary"
@@ -213,8 +215,9 @@ def test_write_parquet_writes_the_same_rows_and_types_either_way(
     ]
     frame = spark.createDataFrame(rows, schema)
     out = tmp_path / "table"
-    write_parquet(spark.createDataFrame(rows[:1], schema), str(out), in_driver=in_driver)
     write_parquet(frame, str(out), in_driver=in_driver)
+    with pytest.raises((FileExistsError, AnalysisException)):
+        write_parquet(spark.createDataFrame(rows[:1], schema), str(out), in_driver=in_driver)
     back = spark.read.parquet(str(out))  # the types inferred from the files
     assert [(f.name, f.dataType) for f in back.schema] == [
         (f.name, f.dataType) for f in frame.schema

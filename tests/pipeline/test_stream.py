@@ -106,9 +106,9 @@ def test_increments_equal_one_batch_run(
 
 
 def _committed_metas(tmp: Path) -> list[dict[str, Any]]:
-    """The ``meta.json`` of every committed micro-batch left in the checkpoint."""
-    state = tmp / "ck" / "tickwheel" / "state"
-    return [json.loads((state / b / "meta.json").read_text()) for b in sorted(os.listdir(state))]
+    """The commit of every committed micro-batch left in the checkpoint."""
+    commits = tmp / "ck" / "tickwheel" / "commits"
+    return [json.loads(p.read_text()) for p in sorted(commits.glob("*.json"))]
 
 
 def _parquet_rows(directory: Path) -> int:

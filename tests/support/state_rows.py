@@ -6,7 +6,6 @@ state once the next batch commits, so the rows are counted at the commit.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -17,11 +16,9 @@ def record_ops_rows(job: Any, seen: list[tuple[int, int]]) -> None:
 
     commit = job.store.commit
 
-    def recording(batch_id: int) -> None:
-        commit(batch_id)
+    def recording(batch_id: int, meta: dict[str, Any]) -> None:
+        commit(batch_id, meta)
         path = job.store.path(batch_id)
-        with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
-            watermark = json.load(fh)["watermark"]
-        seen.append((watermark, pq.read_table(os.path.join(path, "ops")).num_rows))
+        seen.append((meta["watermark"], pq.read_table(os.path.join(path, "ops")).num_rows))
 
     job.store.commit = recording

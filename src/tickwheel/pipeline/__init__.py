@@ -13,7 +13,8 @@ The package, by role (imports run down this list, never up):
 * :mod:`.rules`: the rules TOML file;
 * :mod:`.core`: :class:`PartitionProcessor`, one partition's purgatory on an
   event-time clock (pure Python; compiled twin ``_loop``);
-* :mod:`.durable`: atomic, durable JSON files;
+* :mod:`.storage`: the pipeline's own files at a local path or any URI Spark
+  writes (Hadoop's ``FileSystem``), created once, never renamed or overwritten;
 * :mod:`.sinks`: Parquet, SQLite and PostgreSQL sinks, idempotent per batch id;
 * :mod:`.spark`: the one step, one module per stage (Maxwell's binlog JSON is a
   form of records there), and the session set-up;

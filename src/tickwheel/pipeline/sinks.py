@@ -13,9 +13,10 @@ Every sink stores the tables of one micro-batch (``outcomes``, ``unmatched``,
 
 Sinks:
 
-* :class:`ParquetSink` (default, embedded): ``OUT/<table>/batch_id=N/part-*.parquet``.
-  Staged under ``OUT/_staging/N/``; the commit renames each table directory into
-  place (replacing a half-committed copy) and then writes ``OUT/_batches/N.json``.
+* :class:`ParquetSink` (default, embedded): ``OUT/<table>/batch_id=N/part-*.parquet``,
+  written in place (after deleting what a failed attempt of the same batch left
+  there); the commit is one new file, ``OUT/_batches/N.json``, and readers take
+  only the batches it names. ``OUT`` may be a local path or any URI Spark writes.
 * :class:`SqliteSink`: Spark JDBC with Debian's xerial jar into staging tables,
   then one SQLite transaction copies them into the real tables and inserts the
   ``tickwheel_batches`` row.
@@ -47,11 +48,9 @@ options, so a cluster's workers need no password file of their own.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import re
-import shutil
 import sqlite3
 import stat
 import time
@@ -61,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote
 
-from .durable import fsync_dir, write_json
+from .storage import Storage, StorageError, absolute, create_json, join, storage_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -253,52 +252,56 @@ def _with_batch_id(df: DataFrame, batch_id: int) -> DataFrame:
     return df.withColumn(BATCH_ID, F.lit(batch_id).cast("long"))
 
 
-def _write_empty_parquet(directory: str, schema: StructType) -> None:
-    """A table directory holding one Parquet file of ``schema`` and no rows. O(columns)."""
+def _write_empty_parquet(storage: Storage, directory: str, schema: StructType) -> None:
+    """A new table directory holding one Parquet file of ``schema`` and no rows. O(columns)."""
     import pyarrow as pa  # type: ignore[import-untyped]
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    os.makedirs(directory, exist_ok=True)
+    from .spark.frames import write_arrow_parquet
+
     empty = pa.Table.from_batches([], schema=to_arrow_schema(schema))
-    pq.write_table(empty, os.path.join(directory, "part-00000-empty.parquet"))
-
-
-def _local_path(path: str) -> str:
-    if path.startswith("file://"):
-        return path[len("file://") :]
-    if "://" in path:
-        raise SinkError(
-            f"the parquet sink needs a local or mounted path, got {path!r} "
-            "(use a shared mount on a cluster)"
-        )
-    return os.path.abspath(path)
+    write_arrow_parquet(empty, directory, storage)
 
 
 class ParquetSink:
-    """Parquet directory sink (the default): staged directories renamed into place.
+    """Parquet directory sink (the default): each batch's tables in place, then a marker.
 
-    Layout: ``OUT/<table>/batch_id=N/`` for committed rows, ``OUT/_staging/N/`` for
-    the batch being written and ``OUT/_batches/N.json`` as the commit marker.
-    ``commit`` costs one rename per table plus one small file.
+    Layout: ``OUT/<table>/batch_id=N/`` for the rows of batch ``N``, and
+    ``OUT/_batches/N.json``, the commit marker. A batch's rows count once its
+    marker exists: :meth:`read_table` takes only those batches, and a replay
+    of an uncommitted batch first deletes what the failed attempt wrote. No
+    directory is renamed and no file overwritten, so ``OUT`` may be a local
+    path or any URI Spark writes (through ``spark``'s Hadoop file systems,
+    on a classic session). ``commit`` costs one new small file. A reader that
+    lists ``OUT/<table>`` itself should keep the ``batch_id`` values that have
+    a marker.
     """
 
     name = "parquet"
 
-    def __init__(self, output: str) -> None:
-        """Use ``output`` (a local or mounted directory) as the sink's root."""
-        self.root = _local_path(output)
-        self._staging = os.path.join(self.root, "_staging")
-        self._markers = os.path.join(self.root, "_batches")
-        os.makedirs(self._staging, exist_ok=True)
-        os.makedirs(self._markers, exist_ok=True)
+    def __init__(self, output: str, spark: SparkSession | None = None) -> None:
+        """Use ``output`` (a directory or URI) as the sink's root."""
+        self.root = absolute(output)
+        try:
+            self.storage = storage_for(self.root, spark)
+        except StorageError as exc:
+            raise SinkError(f"the parquet sink: {exc}") from None
+        self._markers = join(self.root, "_batches")
+        self._staged: dict[int, list[str]] = {}
 
     def describe(self) -> str:
         """Return ``parquet:<dir>``."""
         return f"parquet:{self.root}"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Shipped to Spark Connect's foreachBatch process, which has only local paths."""
+        return {**self.__dict__, "_staged": {}}
+
     def _marker(self, batch_id: int) -> str:
-        return os.path.join(self._markers, f"{batch_id}.json")
+        return join(self._markers, f"{batch_id}.json")
+
+    def _batch_dir(self, table: str, batch_id: int) -> str:
+        return join(self.root, table, f"{BATCH_ID}={batch_id}")
 
     def stage(
         self,
@@ -308,8 +311,9 @@ class ParquetSink:
         empty: Collection[str] = (),
         small: bool = False,
     ) -> None:
-        """Write each table under ``_staging/<batch_id>/``, replacing a crashed attempt.
+        """Write each table in ``<table>/batch_id=N/``, deleting a crashed attempt's first.
 
+        A committed batch is left as it is (its rows are never written twice).
         The tables are written by concurrent Spark jobs (one thread each): a
         micro-batch's tables are small, so their fixed per-job costs dominate and
         overlap. With ``small``, each is collected and written by the driver
@@ -322,17 +326,21 @@ class ParquetSink:
 
         from .spark.frames import write_parquet
 
-        staged = os.path.join(self._staging, str(batch_id))
-        shutil.rmtree(staged, ignore_errors=True)
+        if self.is_committed(batch_id):
+            return
         names = sorted(tables)
+        for name in names:  # what a failed attempt of this uncommitted batch left
+            self.storage.delete(self._batch_dir(name, batch_id))
         for name in empty:  # no Spark job: an empty file of the table's schema
-            _write_empty_parquet(os.path.join(staged, name), tables[name].schema)
+            _write_empty_parquet(self.storage, self._batch_dir(name, batch_id),
+                                 tables[name].schema)  # fmt: skip
             if on_table is not None:
                 on_table(name)
         tables = {name: df for name, df in tables.items() if name not in empty}
 
         def write(table: str, df: DataFrame) -> str:
-            write_parquet(df, os.path.join(staged, table), in_driver=small)
+            write_parquet(df, self._batch_dir(table, batch_id), in_driver=small,
+                          storage=self.storage)  # fmt: skip
             return table
 
         with ThreadPoolExecutor(max_workers=max(1, len(tables))) as pool:
@@ -341,43 +349,31 @@ class ParquetSink:
                 table = future.result()
                 if on_table is not None:
                     on_table(table)
-        os.makedirs(staged, exist_ok=True)  # every table may have been empty
-        write_json(os.path.join(staged, "_staged.json"), {"batch_id": batch_id, "tables": names})
+        self._staged[batch_id] = names
 
     def commit(self, batch_id: int) -> bool:
-        """Rename the staged tables into ``<table>/batch_id=N`` and write the marker."""
-        staged = os.path.join(self._staging, str(batch_id))
+        """Create the marker ``_batches/N.json`` of the tables :meth:`stage` wrote; False
+        when the batch was committed already."""
         if self.is_committed(batch_id):
-            shutil.rmtree(staged, ignore_errors=True)
             return False
-        manifest = os.path.join(staged, "_staged.json")
-        if not os.path.exists(manifest):
-            raise SinkError(f"batch {batch_id} was not staged in {staged}")
-        with open(manifest, encoding="utf-8") as fh:
-            tables = json.load(fh)["tables"]
-        for table in tables:
-            final_parent = os.path.join(self.root, table)
-            os.makedirs(final_parent, exist_ok=True)
-            final = os.path.join(final_parent, f"{BATCH_ID}={batch_id}")
-            if os.path.exists(final):  # a crash between renames: replace our own copy
-                shutil.rmtree(final)
-            os.rename(os.path.join(staged, table), final)
-            fsync_dir(final_parent)
-        write_json(
-            self._marker(batch_id),
-            {"batch_id": batch_id, "tables": tables, "committed_at": time.time()},
-        )
-        shutil.rmtree(staged, ignore_errors=True)
+        tables = self._staged.pop(batch_id, None)
+        if tables is None:
+            raise SinkError(f"batch {batch_id} was not staged in {self.root}")
+        try:
+            marker = {"batch_id": batch_id, "tables": tables, "committed_at": time.time()}
+            create_json(self.storage, self._marker(batch_id), marker)
+        except FileExistsError:
+            return False
         return True
 
     def is_committed(self, batch_id: int) -> bool:
         """True when the batch's marker exists. O(1)."""
-        return os.path.exists(self._marker(batch_id))
+        return self.storage.exists(self._marker(batch_id))
 
     def committed_batches(self) -> list[int]:
         """Return the committed batch ids in order. O(batches)."""
         ids = []
-        for name in os.listdir(self._markers):
+        for name in self.storage.list_names(self._markers):
             if name.endswith(".json") and name[:-5].isdigit():
                 ids.append(int(name[:-5]))
         return sorted(ids)
@@ -386,8 +382,8 @@ class ParquetSink:
         """Read the committed rows of ``table``, ``batch_id`` as a column."""
         from pyspark.sql import functions as F
 
-        path = os.path.join(self.root, table)
-        if not glob.glob(os.path.join(path, f"{BATCH_ID}=*")):
+        path = join(self.root, table)
+        if not any(n.startswith(f"{BATCH_ID}=") for n in self.storage.list_names(path)):
             return None
         committed = self.committed_batches()
         df = spark.read.option("basePath", path).parquet(path)
@@ -1318,7 +1314,7 @@ def make_sink(kind: str, output: str, spark: SparkSession, *, url: str | None = 
     no session (it stays a parameter for the callers).
     """
     if kind == "parquet":
-        return ParquetSink(output)
+        return ParquetSink(output, spark)
     if kind == "sqlite":
         return SqliteSink(
             url or f"jdbc:sqlite:{os.path.join(os.path.abspath(output), 'tickwheel.db')}"

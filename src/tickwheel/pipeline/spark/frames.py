@@ -4,13 +4,14 @@ Parquet writes."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from ..storage import Storage
 
 __all__ = [
     "PARAMETER_PREFIX",
@@ -23,6 +24,7 @@ __all__ = [
     "sql_string",
     "union_all",
     "with_parameters",
+    "write_arrow_parquet",
     "write_parquet",
 ]
 
@@ -128,24 +130,39 @@ def union_all(frames: list[DataFrame], allow_missing: bool = False) -> DataFrame
     return out
 
 
-def write_parquet(frame: DataFrame, directory: str, *, in_driver: bool = False) -> None:
-    """Write ``frame``'s rows as Parquet files in ``directory`` (replaced if it exists).
+def write_parquet(
+    frame: DataFrame, directory: str, *, in_driver: bool = False, storage: Storage | None = None
+) -> None:
+    """Write ``frame``'s rows as Parquet files in ``directory``, which must not exist.
 
     By default Spark's writer does it: one job, a file per partition, and
     Hadoop's commit protocol (task and job commits, ``_SUCCESS``). On a local
     master that protocol costs some 100 ms for a table of a few rows, more
     than the rows do. With ``in_driver`` the rows are collected to the driver
-    as Arrow (one job) and written there as one file with pyarrow: 3-4 times
-    cheaper for a small table, and for a small table only, since every row
-    passes through the driver's memory. Either way the files hold the same
-    rows under the same column names and Spark types.
+    as Arrow (one job) and written there as one file with pyarrow, through
+    ``storage`` (default: a local path): 3-4 times cheaper for a small table,
+    and for a small table only, since every row passes through the driver's
+    memory. Either way the files hold the same rows under the same column
+    names and Spark types.
     """
     if not in_driver:
-        frame.write.mode("overwrite").parquet(directory)
+        frame.write.mode("errorifexists").parquet(directory)
         return
+    write_arrow_parquet(frame.toArrow(), directory, storage)
+
+
+def write_arrow_parquet(table: Any, directory: str, storage: Storage | None = None) -> None:
+    """``table`` (Arrow) as one Parquet file in the new ``directory``, through ``storage``."""
+    import pyarrow as pa
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    table = frame.toArrow()
-    shutil.rmtree(directory, ignore_errors=True)
-    os.makedirs(directory)
-    pq.write_table(table, os.path.join(directory, "part-00000-driver.parquet"))
+    from ..storage import LocalStorage, join
+
+    name = "part-00000-driver.parquet"
+    if storage is None or isinstance(storage, LocalStorage):
+        os.makedirs(directory)
+        pq.write_table(table, os.path.join(directory, name))
+        return
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    storage.create(join(directory, name), buffer.getvalue().to_pybytes())

@@ -1,10 +1,23 @@
-"""The stream's checkpoint: its lock, its state directories, and fault injection.
+"""The stream's checkpoint: its owner, its state, its commits, and fault injection.
 
-``CK/tickwheel/`` holds ``LOCK`` and ``owner.json`` (:class:`CheckpointLock`),
-``state/N`` (the carried state after batch ``N``), ``staging/N`` (the next
-state being written) and ``plans/N.json`` (a batch's write-ahead plan), all
-kept by :class:`StateStore`. Files are written to a temporary name, fsynced
-and renamed, so a crash leaves either the old file or the new one.
+``CK/tickwheel/`` is kept through :mod:`..storage`, so it may be a local path
+or any URI Spark writes (``hdfs://``, ``s3a://``, ``abfss://``...)::
+
+    LOCK                  a local checkpoint's flock (the kernel drops it if we die)
+    owners/T.json         the job holding the checkpoint, with its fencing token T
+    owners/T.alive-K      its heartbeat (a URI checkpoint), owners/T.released its end
+    plans/N.json          micro-batch N's write-ahead plan, made once
+    state/N/              the carried state after batch N (events/, ops/)
+    commits/N.json        the commit of batch N: its watermark, counts, state rows
+
+Every file is created once, under a name that did not exist, and seen whole
+or not at all (:meth:`~..storage.Storage.create`); no directory is renamed and
+no file a reader may see is overwritten, which an object store could not do
+in one step. Batch ``N`` is committed when, and only when, ``commits/N.json``
+exists: ``state/N/`` without it is what a failed attempt left, which readers
+ignore and the next attempt deletes before it writes again. Each commit first
+checks that its job's token is still the newest (:meth:`CheckpointOwner.check`),
+so a job that lost the checkpoint to another never commits over it.
 """
 
 from __future__ import annotations
@@ -12,24 +25,24 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
-import json
 import os
-import shutil
 import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..durable import fsync_dir, read_json, write_json
+from ..storage import Storage, create_json, is_uri, join, read_json
 
 __all__ = [
     "FAULT_ENV",
     "FAULT_LOG_ENV",
     "FAULT_POINTS",
+    "HEARTBEAT_ENV",
     "CheckpointInUse",
-    "CheckpointLock",
+    "CheckpointOwner",
     "StateStore",
     "StreamError",
     "fault",
@@ -37,6 +50,8 @@ __all__ = [
 
 FAULT_ENV = "TICKWHEEL_FAULT"
 FAULT_LOG_ENV = "TICKWHEEL_FAULT_LOG"
+#: Seconds between an owner's heartbeats on a URI checkpoint (default 10).
+HEARTBEAT_ENV = "TICKWHEEL_OWNER_HEARTBEAT_S"
 #: Where ``TICKWHEEL_FAULT=POINT:BATCH`` can kill the driver, in batch order.
 FAULT_POINTS = (
     "batch_start",  # before anything of the batch is written
@@ -78,53 +93,187 @@ def fault(point: str, batch_id: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class CheckpointLock:
-    """An exclusive ``flock`` on ``CK/tickwheel/LOCK``; the kernel drops it if we die."""
+class CheckpointOwner:
+    """The one job that may write a checkpoint: a fencing token, and on a local path a flock.
 
-    def __init__(self, root: str) -> None:
-        self.path = os.path.join(root, "LOCK")
-        self.owner = os.path.join(root, "owner.json")
+    :meth:`acquire` refuses (:class:`CheckpointInUse`) while another job holds
+    the checkpoint, and otherwise creates ``owners/T.json`` with a token ``T``
+    one above every earlier one. Whether an earlier owner is gone:
+
+    * on a local path, the kernel's ``flock`` of ``LOCK`` says so at once;
+    * on a URI, an owner that ended cleanly left ``T.released``; one on this
+      host is gone when its process is; one on another host is gone when its
+      heartbeat (``T.alive-K``, a new file every :data:`HEARTBEAT_ENV`
+      seconds) stops: we wait three beats to see.
+
+    Each commit calls :meth:`check`: a newer token means another job took
+    over (after deciding we were gone), and this one stops before it writes.
+    """
+
+    def __init__(self, root: str, storage: Storage) -> None:
+        """Nothing is taken until :meth:`acquire`. O(1)."""
+        self.root, self.storage = root, storage
+        self.owners = join(root, "owners")
+        self.token: int | None = None
         self._fd: int | None = None
+        self._previous: dict[str, Any] | None = None
+        self._beating: threading.Event | None = None
+
+    def _owner_path(self, token: int, suffix: str = ".json") -> str:
+        return join(self.owners, f"{token}{suffix}")
+
+    def _tokens(self) -> tuple[list[int], list[str]]:
+        names = self.storage.list_names(self.owners)
+        tokens = sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+        return tokens, names
+
+    def _describe(self, info: Mapping[str, Any] | None) -> str:
+        if not info:
+            return "another job"
+        return f"job pid {info.get('pid')} on {info.get('host')} since {info.get('since')}"
+
+    def _in_use(self, info: Mapping[str, Any] | None) -> CheckpointInUse:
+        return CheckpointInUse(
+            f"checkpoint {_checkpoint_of(self.root)} is in use by {self._describe(info)}; two "
+            "jobs on one checkpoint would corrupt it. Stop the other job or use another "
+            "--checkpoint."
+        )
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the checkpoint, or raise :class:`CheckpointInUse`. O(owners)."""
+        tokens, names = self._tokens()
+        latest = tokens[-1] if tokens else None
+        info = None
+        if latest is not None:
+            with contextlib.suppress(OSError, ValueError):
+                info = read_json(self.storage, self._owner_path(latest))
+        if not is_uri(self.root):
+            self._lock_local(info)
+        elif latest is not None and f"{latest}.released" not in names and self._alive(latest, info):
+            raise self._in_use(info)
+        self._previous = info
+        token = (latest or 0) + 1
+        try:
+            create_json(self.storage, self._owner_path(token), {
+                "token": token, "pid": os.getpid(), "host": socket.gethostname(),
+                "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            })  # fmt: skip
+        except FileExistsError:  # another job took the same token first
+            self._unlock_local()
+            raise self._in_use(None) from None
+        self.token = token
+        for old in tokens[:-1]:  # the newest earlier owner stays, for the next one's check
+            for name in names:
+                if name.split(".")[0] == str(old):
+                    self.storage.delete(join(self.owners, name))
+        if is_uri(self.root):
+            self._start_heartbeat(token)
+
+    def _lock_local(self, info: Mapping[str, Any] | None) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        fd = os.open(os.path.join(self.root, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            who = "another job"
-            with contextlib.suppress(OSError, ValueError), open(self.owner, encoding="utf-8") as fh:
-                info = json.load(fh)
-                who = f"job pid {info.get('pid')} on {info.get('host')} since {info.get('since')}"
-            raise CheckpointInUse(
-                f"checkpoint {os.path.dirname(os.path.dirname(self.path))} is in use by {who}; "
-                "two jobs on one checkpoint would corrupt it. Stop the other job or use "
-                "another --checkpoint."
-            ) from None
+            raise self._in_use(info) from None
         self._fd = fd
 
-    def write_owner(self, jvm_pid: int | None) -> None:
-        previous = None
-        with contextlib.suppress(OSError, ValueError), open(self.owner, encoding="utf-8") as fh:
-            previous = json.load(fh)
-        info = {
-            "pid": os.getpid(),
-            "jvm_pid": jvm_pid,
-            "host": socket.gethostname(),
-            "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        }
-        write_json(self.owner, info)
-        # A previous driver killed with SIGKILL leaves its JVM to notice that its
-        # parent is gone; wait for it, so two JVMs never write the checkpoint.
-        if previous and previous.get("host") == info["host"]:
-            old = previous.get("jvm_pid")
-            if isinstance(old, int) and old != jvm_pid:
-                _wait_gone(old, 60.0)
-
-    def release(self) -> None:
+    def _unlock_local(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def _alive(self, token: int, info: Mapping[str, Any] | None) -> bool:
+        """Whether the owner with ``token`` (on a URI) still runs."""
+        if info and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+            return _pid_alive(int(info["pid"]))
+        beats = {n for n in self.storage.list_names(self.owners) if n.startswith(f"{token}.alive")}
+        deadline = time.monotonic() + 3 * _heartbeat_seconds()
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, _heartbeat_seconds()))
+            names = set(self.storage.list_names(self.owners))
+            if f"{token}.released" in names:
+                return False
+            if {n for n in names if n.startswith(f"{token}.alive")} != beats:
+                return True
+        return False
+
+    def _start_heartbeat(self, token: int) -> None:
+        stop = threading.Event()
+        self._beating = stop
+
+        def beat() -> None:
+            count, previous = 0, None
+            while not stop.wait(_heartbeat_seconds()):
+                count += 1
+                path = self._owner_path(token, f".alive-{count}")
+                with contextlib.suppress(Exception):  # a missed beat is only a later takeover
+                    self.storage.create(path, b"")
+                    if previous is not None:
+                        self.storage.delete(previous)
+                    previous = path
+
+        threading.Thread(target=beat, name="tickwheel-owner-heartbeat", daemon=True).start()
+
+    def write_owner(self, jvm_pid: int | None) -> None:
+        """Record this job's JVM, and wait for a killed predecessor's JVM on this host.
+
+        A driver killed with SIGKILL leaves its JVM to notice that its parent
+        is gone; waiting for it means two JVMs never write the checkpoint.
+        """
+        assert self.token is not None
+        with contextlib.suppress(FileExistsError):
+            create_json(self.storage, self._owner_path(self.token, ".jvm.json"),
+                        {"jvm_pid": jvm_pid})  # fmt: skip
+        previous = self._previous
+        if not previous or previous.get("host") != socket.gethostname():
+            return
+        with contextlib.suppress(OSError, ValueError):
+            old = read_json(self.storage, self._owner_path(int(previous["token"]), ".jvm.json"))
+            pid = old.get("jvm_pid")
+            if isinstance(pid, int) and pid != jvm_pid:
+                _wait_gone(pid, 60.0)
+
+    def check(self) -> None:
+        """Raise :class:`StreamError` if a newer job took the checkpoint over. O(owners)."""
+        tokens, _ = self._tokens()
+        if self.token is None or (tokens and tokens[-1] != self.token):
+            raise StreamError(
+                f"checkpoint {_checkpoint_of(self.root)}: another job took it over (owner token "
+                f"{tokens[-1] if tokens else None}, ours {self.token}); this job stops without "
+                "committing"
+            )
+
+    def release(self) -> None:
+        """Mark the end of this job's ownership. O(1)."""
+        if self._beating is not None:
+            self._beating.set()
+            self._beating = None
+        if self.token is not None and is_uri(self.root):
+            with contextlib.suppress(Exception):
+                self.storage.create(self._owner_path(self.token, ".released"), b"")
+        self.token = None
+        self._unlock_local()
+
+
+def _checkpoint_of(root: str) -> str:
+    """The checkpoint a ``CK/tickwheel`` root belongs to."""
+    return root.rstrip("/").rsplit("/", 1)[0]
+
+
+def _heartbeat_seconds() -> float:
+    return float(os.environ.get(HEARTBEAT_ENV) or 10)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _wait_gone(pid: int, timeout: float) -> None:
@@ -140,50 +289,103 @@ def _wait_gone(pid: int, timeout: float) -> None:
 
 
 class StateStore:
-    """``CK/tickwheel/state/N`` directories: the carried state after each batch."""
+    """The carried state after each batch, and the commits that make it count.
 
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.state = os.path.join(root, "state")
-        self.staging = os.path.join(root, "staging")
-        self.plans = os.path.join(root, "plans")
-        for path in (self.state, self.staging, self.plans):
-            os.makedirs(path, exist_ok=True)
+    ``state/N/`` holds batch ``N``'s next state; ``commits/N.json`` (its
+    metadata) makes it the committed one. Checkpoints written before this
+    layout kept the metadata in ``state/N/meta.json`` (renamed into place);
+    they are read as committed. With an ``owner``, every commit checks its
+    fencing token first.
+    """
+
+    def __init__(self, root: str, storage: Storage, owner: CheckpointOwner | None = None) -> None:
+        """O(1): nothing is read or made until asked."""
+        self.root, self.storage, self.owner = root, storage, owner
+        self.state = join(root, "state")
+        self.commits = join(root, "commits")
+        self.plans = join(root, "plans")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Shipped without its owner (Spark Connect's foreachBatch process): the client
+        holds the checkpoint. O(1)."""
+        return {**self.__dict__, "owner": None}
 
     def committed(self) -> list[int]:
-        return sorted(int(n) for n in os.listdir(self.state) if n.isdigit())
+        """The committed batch ids in order. O(batches kept)."""
+        ids = {
+            int(n[:-5])
+            for n in self.storage.list_names(self.commits)
+            if n.endswith(".json") and n[:-5].isdigit()
+        }
+        for name in self.storage.list_names(self.state):  # the layout before commits/
+            legacy = name.isdigit() and int(name) not in ids
+            if legacy and self.storage.exists(join(self.state, name, "meta.json")):
+                ids.add(int(name))
+        return sorted(ids)
+
+    def is_committed(self, batch_id: int) -> bool:
+        """Whether batch ``batch_id`` committed. O(1) calls."""
+        return self.storage.exists(self._commit_path(batch_id)) or self.storage.exists(
+            join(self.path(batch_id), "meta.json")
+        )
+
+    def meta(self, batch_id: int) -> dict[str, Any]:
+        """The metadata committed with batch ``batch_id``. O(1) calls."""
+        try:
+            return read_json(self.storage, self._commit_path(batch_id))
+        except FileNotFoundError:
+            return read_json(self.storage, join(self.path(batch_id), "meta.json"))
+
+    def _commit_path(self, batch_id: int) -> str:
+        return join(self.commits, f"{batch_id}.json")
 
     def path(self, batch_id: int) -> str:
-        return os.path.join(self.state, str(batch_id))
-
-    def staged(self, batch_id: int) -> str:
-        return os.path.join(self.staging, str(batch_id))
+        """Where batch ``batch_id``'s next state is written. O(1)."""
+        return join(self.state, str(batch_id))
 
     def latest_before(self, batch_id: int) -> int | None:
+        """The newest committed batch before ``batch_id``. O(batches kept)."""
         ids = [b for b in self.committed() if b < batch_id]
         return ids[-1] if ids else None
 
     def plan(self, batch_id: int, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """The write-ahead plan of a batch: made once, reused when the batch replays."""
-        path = os.path.join(self.plans, f"{batch_id}.json")
-        if os.path.exists(path):
-            return read_json(path)
+        path = join(self.plans, f"{batch_id}.json")
+        with contextlib.suppress(FileNotFoundError):
+            return read_json(self.storage, path)
         plan = make()
-        write_json(path, plan)
+        try:
+            create_json(self.storage, path, plan)
+        except FileExistsError:  # made meanwhile by an attempt we never heard of
+            return read_json(self.storage, path)
         return plan
 
-    def commit(self, batch_id: int) -> None:
-        os.rename(self.staged(batch_id), self.path(batch_id))
-        fsync_dir(self.state)
+    def begin(self, batch_id: int) -> str:
+        """Clear what a failed attempt of uncommitted ``batch_id`` left; its state path."""
+        path = self.path(batch_id)
+        self.storage.delete(path)
+        return path
+
+    def commit(self, batch_id: int, meta: Mapping[str, Any]) -> None:
+        """Commit batch ``batch_id``: one new file, ``commits/N.json``, after the fencing
+        check."""
+        if self.owner is not None:
+            self.owner.check()
+        create_json(self.storage, self._commit_path(batch_id),
+                    {**meta, "owner_token": self.owner.token if self.owner else None})  # fmt: skip
 
     def prune(self, batch_id: int) -> None:
-        """Keep the state of ``batch_id`` and the one before it; drop older ones."""
-        keep = {batch_id, self.latest_before(batch_id)}
-        for b in self.committed():
-            if b not in keep and b < batch_id:
-                shutil.rmtree(self.path(b), ignore_errors=True)
-        for name in os.listdir(self.plans):
+        """Keep the state of ``batch_id`` and the one before it; drop older states, their
+        commits, leftovers of failed attempts and older plans. O(batches kept)."""
+        keep = min(b for b in (batch_id, self.latest_before(batch_id)) if b is not None)
+        for name in self.storage.list_names(self.state):
+            if name.isdigit() and int(name) < keep:
+                self.storage.delete(join(self.state, name))
+        for name in self.storage.list_names(self.commits):
+            stem = name.split(".")[0]
+            if stem.isdigit() and int(stem) < keep:
+                self.storage.delete(join(self.commits, name))
+        for name in self.storage.list_names(self.plans):
             stem = name.split(".")[0]
             if stem.isdigit() and int(stem) < batch_id:
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(self.plans, name))
+                self.storage.delete(join(self.plans, name))

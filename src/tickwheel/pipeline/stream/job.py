@@ -17,14 +17,20 @@ Spark checkpoints what each micro-batch took (``CK/spark/``); tickwheel's
 state is beside it (``CK/tickwheel/``, :mod:`.checkpoint`). Micro-batch ``N``
 (:mod:`.micro_batch`):
 
-1. skips itself if ``state/N`` exists (committed before a crash that came
-   before Spark's own commit log); refuses to run if a later state exists;
+1. skips itself if ``commits/N.json`` exists (committed before a crash that
+   came before Spark's own commit log); refuses to run if a later one exists;
 2. writes (once) or re-reads its plan ``plans/N.json``: its processing time
    for the far-future guard (and its files), so a replay decides the same;
 3. runs the step on its records with the state of the latest committed batch;
 4. commits: outputs staged in the sink and, at the same time, the next state
-   staged in ``staging/N``; then the sink's commit (idempotent per batch id),
-   and finally the rename ``staging/N → state/N``: the commit point.
+   written in ``state/N/`` (after deleting what a failed attempt left there);
+   then the sink's commit (idempotent per batch id), and finally one new
+   file, ``commits/N.json``, after checking that this job still owns the
+   checkpoint: the commit point.
+
+No step renames a directory or overwrites a file a reader may see, so the
+checkpoint and the Parquet sink may be at any URI Spark writes
+(:mod:`..storage`), on a classic session.
 
 A micro-batch that Spark replays after a crash recomputes from the same
 records and the same state and gets the same rows; the sink replaces
@@ -47,15 +53,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..durable import read_json
 from ..rules import Rules, load_rules
 from ..spark.files import HEARTBEAT_SUFFIX, read_files, read_heartbeats
 from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
 from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
+from ..storage import StorageError, absolute, is_uri, join, storage_for
 from .checkpoint import (
     FAULT_POINTS,
     CheckpointInUse,
-    CheckpointLock,
+    CheckpointOwner,
     StateStore,
     StreamError,
     fault,
@@ -136,13 +142,13 @@ class BatchRunner:
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         """Run micro-batch ``batch_id`` unless it is committed already (a replay)."""
         started = time.perf_counter()
-        if os.path.isdir(self.store.path(batch_id)):
+        if self.store.is_committed(batch_id):
             _log(self.quiet, f"batch {batch_id}: already committed; skipped (replay)")
             return
         later = [b for b in self.store.committed() if b > batch_id]
         if later:
             raise StreamError(
-                f"checkpoint {os.path.dirname(self.store.root)}: Spark replays batch {batch_id} "
+                f"checkpoint {self.store.root}: Spark replays batch {batch_id} "
                 f"but tickwheel's state is already at batch {later[-1]}; the checkpoint was "
                 "tampered with"
             )
@@ -184,8 +190,7 @@ class BatchRunner:
             "warnings": self.warnings,
         }
         if last:
-            meta = read_json(os.path.join(self.store.path(last[-1]), "meta.json"))
-            summary["watermark"] = meta["watermark"]
+            summary["watermark"] = self.store.meta(last[-1])["watermark"]
         return summary
 
 
@@ -201,16 +206,24 @@ def _new_plan(batch_id: int, **more: Any) -> dict[str, Any]:
 
 def _spark_checkpoint(checkpoint: str) -> str:
     """Where Spark keeps its own checkpoint (offsets, commits) under ``checkpoint``."""
-    return os.path.join(checkpoint, "spark")
+    return join(checkpoint, "spark")
 
 
-def _checkpoint_root(checkpoint: str) -> tuple[str, StateStore, CheckpointLock]:
-    """The checkpoint's tickwheel directory, its state store and its lock (taken)."""
-    root = os.path.join(os.path.abspath(checkpoint), "tickwheel")
-    os.makedirs(root, exist_ok=True)
-    lock = CheckpointLock(root)
-    lock.acquire()
-    return root, StateStore(root), lock
+def _checkpoint_root(
+    checkpoint: str, spark: SparkSession | None = None
+) -> tuple[str, StateStore, CheckpointOwner]:
+    """The checkpoint's tickwheel directory, its state store and its owner (taken).
+
+    A URI checkpoint goes through ``spark``'s Hadoop file systems.
+    """
+    root = join(absolute(checkpoint), "tickwheel")
+    try:
+        storage = storage_for(root, spark)
+    except StorageError as exc:
+        raise StreamError(f"--checkpoint {exc}") from None
+    owner = CheckpointOwner(root, storage)
+    owner.acquire()
+    return root, StateStore(root, storage, owner), owner
 
 
 def start_stream(
@@ -268,7 +281,7 @@ def start_stream(
         input_format=input_format,
         rows_per_partition=MICRO_BATCH_ROWS_PER_PARTITION,
     )
-    _, store, lock = _checkpoint_root(checkpoint)
+    _, store, lock = _checkpoint_root(checkpoint, spark)
     try:
         batch_sink = (
             as_sink(sink)
@@ -282,7 +295,7 @@ def start_stream(
 
         runner = BatchRunner(store, batch_sink, process, quiet=quiet)
         writer = records.writeStream.foreachBatch(runner).option(
-            "checkpointLocation", _spark_checkpoint(os.path.abspath(checkpoint))
+            "checkpointLocation", _spark_checkpoint(absolute(checkpoint))
         )
         query = _with_trigger(writer, trigger).start()
     except BaseException:
@@ -292,7 +305,7 @@ def start_stream(
     return query
 
 
-def _release_when_done(spark: SparkSession, query: StreamingQuery, lock: CheckpointLock) -> None:
+def _release_when_done(spark: SparkSession, query: StreamingQuery, lock: CheckpointOwner) -> None:
     """Release ``lock`` when ``query`` terminates, however it ends."""
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
@@ -365,11 +378,18 @@ class StreamJob:
         parse_trigger(config.trigger)
         if config.jit not in ("auto", "c1", "c2"):
             raise StreamError(f"--jit: expected auto, c1 or c2, got {config.jit!r}")
+        for name, path in (("--input", config.input), ("--checkpoint", config.checkpoint)):
+            if is_uri(path):
+                raise StreamError(
+                    f"{name} {path}: pipeline stream takes local or mounted paths (its file "
+                    "source lists and logs in a Python process without Hadoop); for a URI, "
+                    "read the files with spark.readStream and call start_stream"
+                )
         if not os.path.isdir(config.input):
             raise StreamError(f"--input {config.input}: not a directory")
         self.checkpoint = os.path.abspath(config.checkpoint)
         self.root, self.store, lock = _checkpoint_root(self.checkpoint)
-        self._lock: CheckpointLock | None = lock
+        self._lock: CheckpointOwner | None = lock
         self._spark = spark
         self._batch_spark: SparkSession | None = None
         self._file_log_path = os.path.join(self.root, "files.log")
@@ -612,15 +632,16 @@ def read_stream_outputs(
     """
     from pyspark.sql import functions as F
 
-    store = StateStore(os.path.join(os.path.abspath(checkpoint), "tickwheel"))
+    root = join(absolute(checkpoint), "tickwheel")
+    store = StateStore(root, storage_for(root, spark))
     out: dict[str, DataFrame | None] = {t: sink.read_table(spark, t) for t in TABLES}
     committed = store.committed()
     if not committed:
         out["buffered"] = None
         return out
     last = store.path(committed[-1])
-    meta: Mapping[str, Any] = read_json(os.path.join(last, "meta.json"))
-    ops = spark.read.parquet(os.path.join(last, "ops"))
+    meta: Mapping[str, Any] = store.meta(committed[-1])
+    ops = spark.read.parquet(join(last, "ops"))
     pending = ops.where(F.col("kind") == "pending").select(
         "rule",
         "key",
@@ -635,7 +656,7 @@ def read_stream_outputs(
     )
     final = out["outcomes"]
     out["outcomes"] = pending if final is None else final.unionByName(pending)
-    events = spark.read.parquet(os.path.join(last, "events"))
+    events = spark.read.parquet(join(last, "events"))
     watermark = meta.get("watermark")
     out["buffered"] = events if watermark is None else events.where(F.col("time") > watermark)
     return out

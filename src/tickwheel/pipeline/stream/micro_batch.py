@@ -5,24 +5,22 @@ source), loads the state the latest committed batch left
 (:meth:`~MicroBatch.carried_state`), runs the delayed-operations step of
 :mod:`tickwheel.pipeline.spark.step` on both, warns about abnormal batches,
 and :meth:`~MicroBatch.commit`\\ s: the outputs staged in the sink and the next
-state staged in the checkpoint, then the sink's commit, then the rename that
-is the commit point (see the commit protocol in :mod:`.job`).
+state written in the checkpoint, then the sink's commit, then the one new
+file that is the commit point (see the commit protocol in :mod:`.job`).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..durable import read_json, write_json
 from ..rules import Rules
 from ..spark.classify import EVENT_STATE_COLUMNS
 from ..spark.frames import sql_name, write_parquet
 from ..spark.outputs import OPS_COLUMNS
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
+from ..storage import LocalStorage, Storage, join
 from .checkpoint import StateStore, fault
 
 if TYPE_CHECKING:
@@ -63,11 +61,7 @@ class MicroBatch:
         self.options = options
         self.spark = batch.records.sparkSession
         self.previous = store.latest_before(self.batch_id)
-        self.meta: dict[str, Any] = (
-            read_json(os.path.join(store.path(self.previous), "meta.json"))
-            if self.previous is not None
-            else {}
-        )
+        self.meta: dict[str, Any] = store.meta(self.previous) if self.previous is not None else {}
 
     def carried_state(self) -> CarriedState:
         """The state the latest committed batch left (nothing before the first). Lazy."""
@@ -94,8 +88,8 @@ class MicroBatch:
     def _previous_path(self, name: str) -> str | None:
         if self.previous is None:
             return None
-        path = os.path.join(self.store.path(self.previous), name)
-        return path if os.path.isdir(path) else None
+        path = join(self.store.path(self.previous), name)
+        return path if self.store.storage.exists(path) else None
 
     def _previous_span(self) -> int | None:
         """The previous batch's own events' span of event time (older states lack it)."""
@@ -174,8 +168,9 @@ class MicroBatch:
     ) -> None:
         """Stage the outputs and the next state (their Spark jobs overlap), then commit.
 
-        Nothing is visible until both are staged; the rename of the staged
-        state is the commit point (see the commit protocol in :mod:`.job`).
+        Nothing is visible until both are staged; the new file
+        ``commits/N.json`` is the commit point (see the commit protocol in
+        :mod:`.job`).
         Tables in ``empty`` are known to have no rows (from the counts): no
         Spark job writes them. With ``small`` (:attr:`.step.Placement.small`)
         the driver collects and writes the state and the sink's tables
@@ -184,12 +179,12 @@ class MicroBatch:
         from concurrent.futures import ThreadPoolExecutor
 
         batch_id, sink, store = self.batch_id, self.sink, self.store
-        staged = store.staged(batch_id)
-        shutil.rmtree(staged, ignore_errors=True)
-        os.makedirs(staged)
+        staged = store.begin(batch_id)
         with ThreadPoolExecutor(max_workers=2) as pool:
             state_writes = [
-                pool.submit(write_parquet, frame, os.path.join(staged, name), in_driver=small)
+                pool.submit(
+                    write_parquet, frame, join(staged, name), in_driver=small, storage=store.storage
+                )
                 for name, frame in next_state.items()
             ]
             if not sink.is_committed(batch_id):  # a replay after the sink's commit
@@ -203,18 +198,24 @@ class MicroBatch:
             fault("after_outputs", batch_id)
             for future in state_writes:
                 future.result()
-        rows = sum(_parquet_rows(os.path.join(staged, name)) for name in next_state)
-        write_json(os.path.join(staged, "meta.json"), {**meta, "state_rows": rows})
+        rows = sum(
+            parquet_rows(self.spark, store.storage, join(staged, name)) for name in next_state
+        )
         fault("after_state", batch_id)
         sink.commit(batch_id)
         fault("after_sink_commit", batch_id)
-        store.commit(batch_id)
+        store.commit(batch_id, {**meta, "state_rows": rows})
         fault("after_commit", batch_id)
         store.prune(batch_id)
 
 
-def _parquet_rows(directory: str) -> int:
-    """The rows of the Parquet files Spark wrote in ``directory``, from their footers."""
+def parquet_rows(spark: Any, storage: Storage, directory: str) -> int:
+    """The rows of the Parquet files written in ``directory``, from their footers: read
+    here with pyarrow on a local disk, by a Spark job (which reads footers only) at a URI."""
+    if not isinstance(storage, LocalStorage):
+        return int(spark.read.parquet(directory).count())
+    import os
+
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     return sum(
