@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from stream_support import (
 
 from support import kafka_like
 from support.reference import ReferenceResult, _sort_key, iter_input_lines, run_reference
+from support.viewfs import FileWatch, ViewFs
 from tickwheel.pipeline import delayed_operations, start_stream
 from tickwheel.pipeline.batch import run_job
 from tickwheel.pipeline.generate import generate_orders
@@ -300,20 +302,48 @@ KILLS = [
 ]
 
 
-def _job(tmp: Path, rules: Path, fault: str | None) -> subprocess.CompletedProcess[str]:
-    """The Kafka-like topic's job; a killed run's fault message is at the end of its
-    standard error, and of ``TMP/faults.log`` (Connect: the process beside the server
-    dies, and its standard error may not reach the job's)."""
+@dataclass
+class _Storage:
+    """Where the topic's job keeps its output and checkpoint: ``out`` and ``ck`` as the
+    job names them, ``local`` the directory that holds them on this machine."""
+
+    local: Path
+    out: str
+    ck: str
+    env: dict[str, str]
+
+
+def _job_storage(tmp: Path) -> _Storage:
+    """On a classic session, URIs: ``viewfs://`` over ``TMP/mnt``, configured as a
+    cluster's client is (``HADOOP_CONF_DIR``); under Connect, local paths (its
+    foreachBatch process has no Hadoop FileSystem of its own)."""
+    if connect_run():
+        return _Storage(tmp, str(tmp / "out"), str(tmp / "ck"), {})
+    mount = ViewFs(fresh(tmp / "mnt"))
+    conf = mount.hadoop_conf_dir(tmp / "hadoop-conf")
+    return _Storage(mount.root, mount.uri("out"), mount.uri("ck"), {"HADOOP_CONF_DIR": str(conf)})
+
+
+def _job(
+    tmp: Path, rules: Path, fault: str | None, where: _Storage
+) -> subprocess.CompletedProcess[str]:
+    """The Kafka-like topic's job, in an empty working directory; a killed run's fault
+    message is at the end of its standard error, and of ``TMP/faults.log``
+    (Connect: the process beside the server dies, and its standard error may not
+    reach the job's)."""
     script = Path(__file__).resolve().parents[1] / "support" / "kafka_like_job.py"
-    args = ["--topic", str(tmp / "topic"), "--rules", str(rules), "--output", str(tmp / "out"),
-            "--checkpoint", str(tmp / "ck"), "--max-records-per-trigger", "90"]  # fmt: skip
+    args = ["--topic", str(tmp / "topic"), "--rules", str(rules), "--output", where.out,
+            "--checkpoint", where.ck, "--max-records-per-trigger", "90"]  # fmt: skip
     if connect_run():  # the job's own Connect server on a local master
         args += ["--remote", "local[2]"]
-    env = subprocess_env(fault)
+    env = {**subprocess_env(fault), **where.env}
     env["TICKWHEEL_FAULT_LOG"] = str(tmp / "faults.log")
+    cwd = tmp / "cwd"
+    cwd.mkdir(exist_ok=True)
     return subprocess.run(
         [sys.executable, str(script), *args],
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=240,
@@ -327,28 +357,43 @@ def _job(tmp: Path, rules: Path, fault: str | None) -> subprocess.CompletedProce
 def test_kafka_like_topic_killed_at_every_fault_point(
     spark: Any, tmp_path: Path, orders: dict[str, Any]
 ) -> None:
-    """SIGKILL at each fault point, records appended between runs: nothing lost or doubled."""
+    """SIGKILL at each fault point, records appended between runs: nothing lost or doubled.
+
+    On a classic session the output and checkpoint are at ``viewfs://`` URIs,
+    and no visible file there is ever overwritten or renamed; a rerun after
+    the end adds nothing, and nothing is written in the job's working directory.
+    """
     assert {p for p, _ in KILLS} == set(FAULT_POINTS)
+    where = _job_storage(tmp_path)
     topic, lines = _topic(tmp_path, orders["files"])
     halves = [lines[: len(lines) // 2], lines[len(lines) // 2 :]]
     kafka_like.append(topic, halves[0])
-    for i, (point, batch) in enumerate(KILLS):
-        if i == len(KILLS) // 2:  # the producer goes on while the job is down
-            kafka_like.append(topic, halves[1])
-        proc = _job(tmp_path, orders["rules"], f"{point}:{batch}")
-        if connect_run():  # the process that runs foreachBatch died: the query fails
-            assert proc.returncode != 0, (point, batch, proc.stderr[-3000:])
-        else:
-            assert proc.returncode == -signal.SIGKILL, (point, batch, proc.stderr[-3000:])
-            assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
-        faults = (tmp_path / "faults.log").read_text(encoding="utf-8").splitlines()
-        assert faults[-1].endswith(f"SIGKILL at {point} of batch {batch}"), faults
-    proc = _job(tmp_path, orders["rules"], None)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert ParquetSink(str(tmp_path / "out")).committed_batches() == list(
-        range(len(ParquetSink(str(tmp_path / "out")).committed_batches()))
-    )
-    compare_with_reference(_stream_outputs(spark, tmp_path), orders["ref"])
+    with FileWatch(where.local) as watch:
+        for i, (point, batch) in enumerate(KILLS):
+            if i == len(KILLS) // 2:  # the producer goes on while the job is down
+                kafka_like.append(topic, halves[1])
+            proc = _job(tmp_path, orders["rules"], f"{point}:{batch}", where)
+            if connect_run():  # the process that runs foreachBatch died: the query fails
+                assert proc.returncode != 0, (point, batch, proc.stderr[-3000:])
+            else:
+                assert proc.returncode == -signal.SIGKILL, (point, batch, proc.stderr[-3000:])
+                assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
+            faults = (tmp_path / "faults.log").read_text(encoding="utf-8").splitlines()
+            assert faults[-1].endswith(f"SIGKILL at {point} of batch {batch}"), faults
+        proc = _job(tmp_path, orders["rules"], None, where)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        sink = ParquetSink(str(where.local / "out"))
+        committed = sink.committed_batches()
+        assert committed == list(range(len(committed)))
+        outs = read_stream_outputs(spark, sink, str(where.local / "ck"))
+        compare_with_reference(outs, orders["ref"])
+        if not connect_run():  # the whole topic again: nothing new
+            proc = _job(tmp_path, orders["rules"], None, where)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert sink.committed_batches() == committed
+    if not connect_run():
+        watch.check()
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_rules_may_be_a_rules_object_or_a_path(spark: Any, edge_input: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import time
 from typing import Any
@@ -78,10 +77,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         memory_failure,
         partitions_for,
     )
+    from .storage import StorageError, is_uri, storage_for
 
     try:
         rules = load_rules(args.rules)
-        files = resolve_inputs(args.input, args.input_format or rules.input.format)
+        fmt = args.input_format or rules.input.format
+        # A URI's files are listed once Spark is up, through its Hadoop file systems.
+        input_bytes = None if is_uri(args.input) else resolve_inputs(args.input, fmt).bytes
         problem = check_remote_or_master(args.remote, args.master)
         if problem is not None:
             raise ValueError(problem)
@@ -89,11 +91,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"tickwheel pipeline run: {exc}", file=sys.stderr)
         return 2
 
-    input_bytes = sum(os.path.getsize(f) for f in files)
     memory = args.driver_memory or default_driver_memory()
     spark, existing = _start_spark(args, input_bytes, memory)
-    partitions = args.partitions or partitions_for(input_bytes, default_parallelism(spark))
+    partitions = args.partitions or 0
     try:
+        if input_bytes is None:
+            try:
+                input_bytes = resolve_inputs(args.input, fmt, storage_for(args.input, spark)).bytes
+            except (FileNotFoundError, StorageError) as exc:
+                print(f"tickwheel pipeline run: {exc}", file=sys.stderr)
+                return 2
+        partitions = args.partitions or partitions_for(input_bytes, default_parallelism(spark))
         summary = _run_job(spark, rules, args, partitions)
     except Exception as exc:
         hint = memory_failure(exc, memory, partitions)
@@ -117,8 +125,12 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-def _start_spark(args: argparse.Namespace, input_bytes: int, memory: str) -> tuple[Any, Any]:
-    """(the session ``pipeline run`` uses, the session that was active before it)."""
+def _start_spark(args: argparse.Namespace, input_bytes: int | None, memory: str) -> tuple[Any, Any]:
+    """(the session ``pipeline run`` uses, the session that was active before it).
+
+    ``input_bytes`` is None when not known before Spark is up (a URI): then
+    the JVM keeps both compilers, as for a large input.
+    """
     from pyspark.sql import SparkSession
 
     from .spark.class_archive import startup_note
@@ -132,9 +144,12 @@ def _start_spark(args: argparse.Namespace, input_bytes: int, memory: str) -> tup
         _say(f"[{time.perf_counter() - started:7.1f}s] Spark {spark.version} is up")
         return spark, existing
     master = args.master or "local[2]"
-    quick = args.jit == "c1" or (args.jit == "auto" and quick_jit_for(master, input_bytes))
+    known = input_bytes is not None
+    quick = args.jit == "c1" or (
+        args.jit == "auto" and known and quick_jit_for(master, input_bytes or 0)
+    )
     jit = "C1 only" if quick else "C1 and C2"
-    size = f"{input_bytes / 2**20:,.0f} MB"
+    size = f"{input_bytes / 2**20:,.0f} MB" if input_bytes is not None else "a URI's"
     archive, classes = startup_note(master)
     classes = f"; {classes}" if classes else ""
     _say(f"[    0.0s] starting Spark ({master}; JIT: {jit}, driver memory {memory}, "

@@ -27,11 +27,11 @@ import contextlib
 import datetime as dt
 import json
 import os
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .rules import Rules
@@ -51,6 +51,7 @@ from .spark.session import (
     partitions_for,
 )
 from .spark.step import DelayedOperations, StepOptions
+from .storage import LocalStorage, Storage, absolute, is_uri, join, storage_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -70,10 +71,12 @@ OUTPUT_FORMATS = ("parquet", "csv", "json")
 INPUT_FORMATS = ("json", "csv", "parquet", "maxwell")
 
 
-def resolve_inputs(path: str, fmt: str) -> list[str]:
-    """The input files: a directory (its data files), a glob, or one file.
+def resolve_inputs(path: str, fmt: str, storage: Storage | None = None) -> InputFiles:
+    """The input files and their bytes: a directory (its data files), a glob, or one file.
 
-    Raises FileNotFoundError naming ``path`` when nothing matches.
+    A URI goes through ``storage`` (:func:`~.storage.storage_for`; default: a
+    local path). Raises FileNotFoundError naming ``path`` when nothing
+    matches. O(files under ``path``).
     """
     json_lines = (".json", ".jsonl", ".ndjson")
     suffixes = {
@@ -82,22 +85,45 @@ def resolve_inputs(path: str, fmt: str) -> list[str]:
         "csv": (".csv",),
         "parquet": (".parquet",),
     }
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(
-            str(f)
-            for f in p.rglob("*")
-            if f.is_file() and not f.name.startswith((".", "_")) and f.name.endswith(suffixes[fmt])
-        )
-    elif p.is_file():
-        files = [str(p)]
-    else:
-        import glob
-
-        files = sorted(f for f in glob.glob(path, recursive=True) if Path(f).is_file())
-    if not files:
+    storage = storage if storage is not None else LocalStorage()
+    found: list[tuple[str, int]] = []
+    if any(c in path for c in "*?["):
+        found = storage.glob(path)
+    elif storage.exists(path):
+        base = path.rstrip("/")
+        for file, size, _ in storage.list_files(path):
+            below = _relative(file, base)
+            if below == ".":  # path is the file itself
+                found = [(file, size)]
+                break
+            hidden = any(part.startswith((".", "_")) for part in below.split("/"))
+            if not hidden and file.endswith(suffixes[fmt]):  # not Spark's markers either
+                found.append((file, size))
+    if not found:
         raise FileNotFoundError(f"no {fmt} input files at {path!r}")
-    return files
+    found.sort()
+    return InputFiles([p for p, _ in found], sum(size for _, size in found))
+
+
+def _relative(path: str, base: str) -> str:
+    """``path`` below the directory ``base``, by their path parts (a file system may
+    spell a URI's scheme and authority more fully than it was given)."""
+    if not is_uri(base):
+        return os.path.relpath(path, base)
+    from urllib.parse import urlsplit
+
+    return posixpath.relpath(urlsplit(path).path, urlsplit(base).path or "/")
+
+
+@dataclass(frozen=True)
+class InputFiles:
+    """The files a batch run reads, and their total bytes (which size the run)."""
+
+    paths: list[str]
+    bytes: int
+
+    def __len__(self) -> int:
+        return len(self.paths)
 
 
 def _iso_ms(ms: int | None) -> str:
@@ -222,7 +248,7 @@ def text_columns(frame: DataFrame) -> DataFrame:
 
 
 def _write_outputs(
-    spark: SparkSession, tables: Mapping[str, DataFrame], out: Path, output_format: str
+    spark: SparkSession, tables: Mapping[str, DataFrame], out: str, output_format: str
 ) -> None:
     """Write the four outputs concurrently.
 
@@ -236,7 +262,7 @@ def _write_outputs(
         writes = [
             pool.submit(
                 _described, spark, f"write {name}/",
-                partial(_write, frame, str(out / name), output_format),
+                partial(_write, frame, join(out, name), output_format),
             )
             for name, frame in tables.items()
         ]  # fmt: skip
@@ -257,13 +283,13 @@ def _check_output_format(output_format: str) -> None:
 
 
 def _records(
-    spark: SparkSession, files: list[str], input_format: str
+    spark: SparkSession, files: list[str], input_format: str, storage: Storage
 ) -> tuple[DataFrame, list[tuple[str, str]]]:
     """The input files as a records frame (an empty one when none gave any), and the
     files refused before reading."""
     from .spark.frames import empty_frame
 
-    records, refused = read_files(spark, files, input_format)
+    records, refused = read_files(spark, files, input_format, storage)
     if records is None:
         records = empty_frame(spark, "value string")
     return records, refused
@@ -301,19 +327,22 @@ def run_job(
     """
     _check_output_format(output_format)
     phases = _Phases(progress if progress is not None else (lambda _msg: None))
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = absolute(output_dir)
+    out_storage = storage_for(out, spark)
+    if not is_uri(out):
+        os.makedirs(out, exist_ok=True)
     fmt = _input_format(input_format or rules.input.format)
-    files = resolve_inputs(input_path, fmt)
+    in_storage = storage_for(input_path, spark)
+    inputs = resolve_inputs(input_path, fmt, in_storage)
+    files = inputs.paths
     if partitions is None:
-        input_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
-        partitions = partitions_for(input_bytes, default_parallelism(spark))
+        partitions = partitions_for(inputs.bytes, default_parallelism(spark))
     count = partitions
     spark = job_session(
         spark, {**JOB_SQL_SETTINGS, "spark.sql.shuffle.partitions": str(max(count, 2))}
     )
     phases.line(f"reading {len(files)} {fmt} file(s) from {input_path}")
-    records, refused = _records(spark, files, fmt)
+    records, refused = _records(spark, files, fmt, in_storage)
     options = StepOptions(
         partitions=partitions,
         max_future_ms=max_future_ms,
@@ -329,7 +358,7 @@ def run_job(
         summary = {
             "input": input_path,
             "input_files": len(files),
-            "output": str(out),
+            "output": out,
             "format": output_format,
             "rules": [
                 {"name": r.name, "key": r.key, "timeout_ms": r.timeout_ms} for r in rules.rules
@@ -342,13 +371,15 @@ def run_job(
     summary["seconds"] = round(job_s, 3)
     summary["phases_seconds"] = phases.seconds
     summary["events_per_s"] = round(total / job_s, 1) if job_s else None
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    summary_path = join(out, "summary.json")
+    out_storage.delete(summary_path)  # a run replaces the outputs of the one before
+    out_storage.create(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
     phases.line(f"done: {total:,} records, {summary['events_per_s']:,} records/s")
     return summary
 
 
 def _run_phases(
-    spark: SparkSession, step: DelayedOperations, phases: _Phases, out: Path, output_format: str
+    spark: SparkSession, step: DelayedOperations, phases: _Phases, out: str, output_format: str
 ) -> None:
     """The job's three phases, each with its progress line."""
     records = _described(spark, "read, validate, deduplicate", step.counts)

@@ -86,8 +86,9 @@ class Storage(Protocol):
         """The names in ``directory`` (none when it is missing). O(entries)."""
         ...
 
-    def read_bytes(self, path: str) -> bytes:
-        """The content of the file at ``path`` (FileNotFoundError when missing)."""
+    def read_bytes(self, path: str, limit: int | None = None) -> bytes:
+        """The content of the file at ``path``, its first ``limit`` bytes if given
+        (FileNotFoundError when missing)."""
         ...
 
     def create(self, path: str, data: bytes) -> None:
@@ -107,6 +108,10 @@ class Storage(Protocol):
         """``(path, size, modification ms)`` of every file under ``directory``, recursively."""
         ...
 
+    def glob(self, pattern: str) -> list[tuple[str, int]]:
+        """``(path, size)`` of the files matching ``pattern`` (``*``, ``?``, ``[...]``)."""
+        ...
+
 
 class LocalStorage:
     """Files on a local or mounted disk, through :mod:`os`; durable (fsynced) creates."""
@@ -122,10 +127,10 @@ class LocalStorage:
         except FileNotFoundError:
             return []
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, limit: int | None = None) -> bytes:
         """O(size)."""
         with open(path, "rb") as fh:
-            return fh.read()
+            return fh.read() if limit is None else fh.read(limit)
 
     def create(self, path: str, data: bytes) -> None:
         """A hidden temporary file, fsynced, hard-linked to ``path`` (which fails if the name
@@ -164,6 +169,16 @@ class LocalStorage:
                 with contextlib.suppress(FileNotFoundError):  # removed since listed
                     info = os.stat(path)
                     yield path, info.st_size, int(info.st_mtime * 1000)
+
+    def glob(self, pattern: str) -> list[tuple[str, int]]:
+        """O(files matched); ``**`` spans directories."""
+        import glob
+
+        return [
+            (path, os.path.getsize(path))
+            for path in glob.glob(pattern, recursive=True)
+            if os.path.isfile(path)
+        ]
 
 
 def _fsync_dir(path: str) -> None:
@@ -211,7 +226,7 @@ class HadoopStorage:
                 return []
             raise
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, limit: int | None = None) -> bytes:
         """One open and read."""
         jpath, fs = self._path(path)
         try:
@@ -220,8 +235,11 @@ class HadoopStorage:
             if _java_class(exc) == "java.io.FileNotFoundException":
                 raise FileNotFoundError(path) from None
             raise
+        commons = self._jvm.org.apache.commons.io
         try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            if limit is not None:
+                stream = commons.input.BoundedInputStream(stream, limit)
+            return bytes(commons.IOUtils.toByteArray(stream))
         finally:
             stream.close()
 
@@ -267,6 +285,12 @@ class HadoopStorage:
                 int(status.getLen()),
                 int(status.getModificationTime()),
             )
+
+    def glob(self, pattern: str) -> list[tuple[str, int]]:
+        """Hadoop's ``globStatus``."""
+        jpath, fs = self._path(pattern)
+        found = fs.globStatus(jpath) or []
+        return [(str(s.getPath().toString()), int(s.getLen())) for s in found if s.isFile()]
 
 
 def _java_class(exc: BaseException) -> str | None:

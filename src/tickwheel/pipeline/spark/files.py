@@ -23,11 +23,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
+import posixpath
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..rules import Rules
+from ..storage import LocalStorage, Storage
 from .frames import union_all
 from .records import MISSING_FILE
 
@@ -43,41 +44,46 @@ Refused = tuple[str, str]
 
 
 def read_files(
-    spark: SparkSession, files: Sequence[str], input_format: str
+    spark: SparkSession,
+    files: Sequence[str],
+    input_format: str,
+    storage: Storage | None = None,
 ) -> tuple[DataFrame | None, list[Refused]]:
     """(the records of ``files``, or None when no file gave any; the refused files).
 
     ``input_format`` is the rules' or the command line's: ``json`` (or
     ``jsonl``), ``maxwell``, ``csv`` or ``parquet``. Lazy: Spark reads the
-    files when the records are first used; CSV headers are read here.
+    files when the records are first used; CSV headers are read here, through
+    ``storage`` (default: local paths; :func:`~..storage.storage_for` for URIs).
     """
-    present = [f for f in files if os.path.exists(f)]
+    storage = storage if storage is not None else LocalStorage()
+    present = [f for f in files if storage.exists(f)]
     refused: list[Refused] = [
-        (os.path.basename(f), MISSING_FILE) for f in files if f not in set(present)
+        (posixpath.basename(f), MISSING_FILE) for f in files if f not in set(present)
     ]
     if not present:
         return None, refused
     if input_format in ("json", "jsonl", "maxwell"):
         return spark.read.text(present), refused
     if input_format == "csv":
-        return _csv_files(spark, present, refused), refused
+        return _csv_files(spark, present, refused, storage), refused
     if input_format == "parquet":
-        return _parquet_files(spark, present, refused), refused
+        return _parquet_files(spark, present, refused, storage), refused
     raise ValueError(f"input format must be json, maxwell, csv or parquet, got {input_format!r}")
 
 
 def _csv_files(
-    spark: SparkSession, files: Sequence[str], refused: list[Refused]
+    spark: SparkSession, files: Sequence[str], refused: list[Refused], storage: Storage
 ) -> DataFrame | None:
     """One read per distinct header, every value as text; bad headers refused."""
     by_header: dict[str, list[str]] = {}
     for path in files:
-        header = _first_line(path)
+        header = _first_line(storage, path)
         if header is None:
             continue  # a zero-byte file: no records
         names = [h.strip().strip('"') for h in header.split(",")]
         if len(set(names)) != len(names) or not all(names):
-            refused.append((os.path.basename(path), f"bad CSV header: {header[:200]!r}"))
+            refused.append((posixpath.basename(path), f"bad CSV header: {header[:200]!r}"))
             continue
         by_header.setdefault(header, []).append(path)
     reader = spark.read.option("header", True).option("inferSchema", False)
@@ -85,10 +91,10 @@ def _csv_files(
 
 
 def _parquet_files(
-    spark: SparkSession, files: Sequence[str], refused: list[Refused]
+    spark: SparkSession, files: Sequence[str], refused: list[Refused], storage: Storage
 ) -> DataFrame | None:
     """All files in one read (schemas merged); if that fails, file by file."""
-    files = [f for f in files if os.path.getsize(f) > 0]  # a zero-byte file: no records
+    files = [f for f in files if storage.size(f) > 0]  # a zero-byte file: no records
     if not files:
         return None
     with contextlib.suppress(Exception):  # one bad file: find it below
@@ -101,7 +107,7 @@ def _parquet_files(
         except Exception as exc:  # garbage or truncated: refuse the file, keep going
             text = str(exc).strip()
             first = text.splitlines()[0][:200] if text else type(exc).__name__
-            refused.append((os.path.basename(path), f"unreadable parquet file: {first}"))
+            refused.append((posixpath.basename(path), f"unreadable parquet file: {first}"))
             continue
         frames.append(frame)
     return union_all(frames, allow_missing=True)
@@ -148,9 +154,13 @@ def parse_time_text(text: str) -> int | None:
     return int(when.timestamp() * 1000)
 
 
-def _first_line(path: str) -> str | None:
-    with open(path, "rb") as fh:
-        line = fh.readline()
-    if not line:
+#: The longest CSV header read (a header line is read whole up to this).
+_HEADER_BYTES = 1 << 20
+
+
+def _first_line(storage: Storage, path: str) -> str | None:
+    head = storage.read_bytes(path, _HEADER_BYTES)
+    if not head:
         return None
+    line = head.split(b"\n", 1)[0]
     return line.decode("utf-8", errors="replace").rstrip("\r\n")

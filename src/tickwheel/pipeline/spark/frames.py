@@ -4,6 +4,7 @@ Parquet writes."""
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -158,7 +159,8 @@ def write_arrow_parquet(table: Any, directory: str, storage: Storage | None = No
 
     from ..storage import LocalStorage, join
 
-    name = "part-00000-driver.parquet"
+    # a name of its own, as Spark's writer gives each file: a replay never reuses a path
+    name = f"part-00000-{uuid.uuid4()}-driver.parquet"
     if storage is None or isinstance(storage, LocalStorage):
         os.makedirs(directory)
         pq.write_table(table, os.path.join(directory, name))

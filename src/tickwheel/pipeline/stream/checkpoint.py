@@ -108,13 +108,22 @@ class CheckpointOwner:
 
     Each commit calls :meth:`check`: a newer token means another job took
     over (after deciding we were gone), and this one stops before it writes.
+
+    ``in_use``, when set, says whether the holder still needs the
+    checkpoint (its query is active): a query that ended in this process
+    releases at once for the next one here, before Spark's listener event
+    that releases it otherwise has arrived.
     """
+
+    #: The owners held in this process, by checkpoint root.
+    _held: dict[str, CheckpointOwner] = {}
 
     def __init__(self, root: str, storage: Storage) -> None:
         """Nothing is taken until :meth:`acquire`. O(1)."""
         self.root, self.storage = root, storage
         self.owners = join(root, "owners")
         self.token: int | None = None
+        self.in_use: Callable[[], bool] | None = None
         self._fd: int | None = None
         self._previous: dict[str, Any] | None = None
         self._beating: threading.Event | None = None
@@ -141,6 +150,9 @@ class CheckpointOwner:
 
     def acquire(self) -> None:
         """Take the checkpoint, or raise :class:`CheckpointInUse`. O(owners)."""
+        held = CheckpointOwner._held.get(self.root)
+        if held is not None and held.in_use is not None and not held.in_use():
+            held.release()
         tokens, names = self._tokens()
         latest = tokens[-1] if tokens else None
         info = None
@@ -162,6 +174,7 @@ class CheckpointOwner:
             self._unlock_local()
             raise self._in_use(None) from None
         self.token = token
+        CheckpointOwner._held[self.root] = self
         for old in tokens[:-1]:  # the newest earlier owner stays, for the next one's check
             for name in names:
                 if name.split(".")[0] == str(old):
@@ -253,6 +266,8 @@ class CheckpointOwner:
         if self.token is not None and is_uri(self.root):
             with contextlib.suppress(Exception):
                 self.storage.create(self._owner_path(self.token, ".released"), b"")
+        if CheckpointOwner._held.get(self.root) is self:
+            del CheckpointOwner._held[self.root]
         self.token = None
         self._unlock_local()
 

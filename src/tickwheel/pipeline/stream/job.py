@@ -301,6 +301,7 @@ def start_stream(
     except BaseException:
         lock.release()
         raise
+    lock.in_use = lambda: bool(query.isActive)
     _release_when_done(spark, query, lock)
     return query
 
