@@ -1,8 +1,9 @@
 """The stream on a real standalone cluster whose two workers share no local disk.
 
-A master on 127.0.0.1 and two workers, 127.0.0.2 and 127.0.0.3, each in mount
-and PID namespaces of its own with a private /tmp (``support.standalone_cluster``):
-two machines as Spark sees them, with nothing on a local disk in common. The
+A master on 127.0.0.1 and two workers, 127.0.0.2 and 127.0.0.3, each in
+namespaces of its own (mount, and PID where the machine allows) with a private
+/tmp (``support.standalone_cluster``): two machines as Spark sees them, with
+nothing on a local disk in common. The
 stream's driver is ``python -m tickwheel.pipeline.stream --master spark://...``
 in a subprocess outside the namespaces; its input, output and checkpoint are in
 a directory every process sees, not under /tmp.
@@ -12,8 +13,8 @@ row lost, none doubled.
 
 1. the driver kills itself mid-batch (``TICKWHEEL_FAULT=mid_batch:1``);
 2. the rerun replays that batch, and while a later one runs, worker 2 is
-   SIGKILLed with its executor (its whole PID namespace): the job finishes on
-   worker 1's executor alone.
+   SIGKILLed with its executor and everything else in its namespaces: the job
+   finishes on worker 1's executor alone.
 
 Spark's event logs (written by the drivers, in the shared directory) show
 where the executors and their tasks ran.
@@ -35,6 +36,7 @@ from stream_support import compare_with_reference, feed, fresh, subprocess_env, 
 
 from support.reference import iter_input_lines, run_reference
 from support.standalone_cluster import (
+    WORKER_DIR,
     StandaloneCluster,
     group_members,
     kill_all,
@@ -218,6 +220,10 @@ def test_stream_survives_a_driver_kill_and_a_lost_worker(
         assert first.wait() == -signal.SIGKILL, first.output()
         assert "SIGKILL at mid_batch of batch 1" in first.stderr(), first.output()
         assert "batch 0: " in first.stdout(), first.output()
+        # each worker ran an executor, whose directory is in that worker's /tmp alone
+        for worker in (1, 2):
+            assert cluster.executor_logs(worker), f"worker {worker} ran no executor"
+        assert not Path(WORKER_DIR).exists()
 
         # 2. the rerun replays batch 1; while a later batch runs, worker 2 goes away
         second = Driver("driver-2", args, env, base)

@@ -73,7 +73,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "LOCAL_DIRS",
     "MASTER_HOST",
+    "WORKER_DIR",
     "WORKER_HOSTS",
     "ClusterError",
     "Daemon",
@@ -181,8 +183,8 @@ def free_port(host: str = MASTER_HOST) -> int:
 
 
 def _processes() -> list[tuple[int, int, str | None]]:
-    """(pid, process group, mount namespace) of every process, from /proc. A zombie
-    has no namespace left (None), only its group."""
+    """(pid, process group, mount namespace) of every live process, from /proc: zombies
+    (dead, waiting for their parent to reap them) left out."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -190,18 +192,16 @@ def _processes() -> list[tuple[int, int, str | None]]:
         try:
             with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+            namespace = os.readlink(f"/proc/{entry}/ns/mnt")
         except OSError:
             continue  # gone meanwhile
-        try:
-            namespace: str | None = os.readlink(f"/proc/{entry}/ns/mnt")
-        except OSError:
-            namespace = None
-        found.append((int(entry), int(fields[2]), namespace))
+        if fields[0] not in ("Z", "X"):
+            found.append((int(entry), int(fields[2]), namespace))
     return found
 
 
 def group_members(pgid: int) -> list[int]:
-    """The processes (zombies included) of process group ``pgid``."""
+    """The live processes of process group ``pgid``."""
     return [pid for pid, group, _ in _processes() if group == pgid]
 
 
@@ -211,11 +211,7 @@ def kill_all(pgid: int, namespace: str | None = None, timeout: float = 30.0) -> 
     per round; ClusterError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        left = [
-            pid
-            for pid, group, ns in _processes()
-            if group == pgid or (namespace is not None and ns == namespace)
-        ]
+        left = [pid for pid, group, ns in _processes() if group == pgid or ns == namespace]
         if not left:
             return
         if time.monotonic() > deadline:  # pragma: no cover - the kernel's job
@@ -225,7 +221,7 @@ def kill_all(pgid: int, namespace: str | None = None, timeout: float = 30.0) -> 
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)  # zombies: their parents (or the kernel) reap them
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -452,7 +448,8 @@ class StandaloneCluster:
     # -- state -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The master's state, from its web UI's ``/json/``: workers, applications."""
-        with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=5) as response:
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no http_proxy
+        with direct.open(f"{self.webui_url}/json/", timeout=5) as response:
             state: dict[str, Any] = json.load(response)
         return state
 
