@@ -5,6 +5,13 @@ driver and JVM). ``TICKWHEEL_FAULT=POINT:BATCH`` makes the driver kill itself at
 POINT of micro-batch BATCH; the next run restarts from the checkpoint. After the
 last, uninterrupted run, the outputs equal the batch semantics (the reference):
 no row lost, none doubled. The same for the Parquet and the PostgreSQL sinks.
+
+Every fault point is taken by ``test_sources.py``'s Kafka-like job (with the
+checkpoint and output at URIs on a classic session, at local paths under
+Spark Connect); here, the command line's file source and each sink take the
+points where they differ: the Parquet sink's half-written attempt deleted
+and its replay killed again, the PostgreSQL sink's staged rows replaced and
+its transaction committed before the checkpoint.
 """
 
 from __future__ import annotations
@@ -25,19 +32,15 @@ from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink, PostgresSink
 from tickwheel.pipeline.stream.job import FAULT_POINTS, read_stream_outputs
 
-# Six driver starts per test (five killed runs, one clean): a JVM each; generous
+# Four driver starts per test (three killed runs, one clean): a JVM each; generous
 # bound for shared, loaded CI machines.
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
 
-#: (point, batch) of each killed run, in order; every run but the last dies. Batch 1
-#: dies twice: its replay is killed again, later in the batch.
-KILLS = [
-    ("mid_batch", 0),
-    ("after_outputs", 1),
-    ("after_state", 1),
-    ("after_sink_commit", 2),
-    ("after_commit", 3),
-]
+#: (point, batch) of each killed run of the Parquet sink's job, in order; every run but
+#: the last dies. Batch 1 dies twice: its replay is killed again, later in the batch.
+PARQUET_KILLS = [("after_outputs", 1), ("after_state", 1), ("after_sink_commit", 2)]
+#: The same for the PostgreSQL sink: staged rows left, then committed rows, then both.
+POSTGRES_KILLS = [("mid_batch", 0), ("after_sink_commit", 2), ("after_commit", 3)]
 
 
 def _run(args: list[str], fault: str | None) -> subprocess.CompletedProcess[str]:
@@ -51,7 +54,9 @@ def _run(args: list[str], fault: str | None) -> subprocess.CompletedProcess[str]
     )
 
 
-def _kill_and_restart(tmp: Path, extra: list[str]) -> tuple[Path, Any]:
+def _kill_and_restart(
+    tmp: Path, extra: list[str], kills: list[tuple[str, int]]
+) -> tuple[Path, Any]:
     gen = tmp / "gen"
     generate_orders(150, gen, seed=5, files=5)
     rules = write_rules(tmp / "rules.toml")
@@ -74,8 +79,8 @@ def _kill_and_restart(tmp: Path, extra: list[str]) -> tuple[Path, Any]:
         "2",
         *extra,
     ]
-    assert {p for p, _ in KILLS} == set(FAULT_POINTS) - {"batch_start"}
-    for point, batch in KILLS:
+    assert {p for p, _ in kills} <= set(FAULT_POINTS)
+    for point, batch in kills:
         proc = _run(args, f"{point}:{batch}")
         assert proc.returncode == -signal.SIGKILL, (point, batch, proc.stderr[-3000:])
         assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
@@ -85,8 +90,8 @@ def _kill_and_restart(tmp: Path, extra: list[str]) -> tuple[Path, Any]:
 
 
 def test_kill_and_restart_parquet_sink(spark: Any, tmp_path: Path) -> None:
-    """Five SIGKILLs at five points, then a clean run: exactly the uninterrupted outputs."""
-    tmp, ref = _kill_and_restart(tmp_path, ["--sink", "parquet"])
+    """Three SIGKILLs, then a clean run: exactly the uninterrupted outputs."""
+    tmp, ref = _kill_and_restart(tmp_path, ["--sink", "parquet"], PARQUET_KILLS)
     sink = ParquetSink(str(tmp / "out"))
     assert sink.committed_batches() == [0, 1, 2, 3, 4]
     compare_with_reference(read_stream_outputs(spark, sink, str(tmp / "ck")), ref)
@@ -108,7 +113,9 @@ def postgres() -> Iterator[Any]:
 def test_kill_and_restart_postgres_sink(spark: Any, tmp_path: Path, postgres: Any) -> None:
     """The same with the PostgreSQL sink: one transaction per batch, replays are no-ops."""
     url = postgres.jdbc_url
-    tmp, ref = _kill_and_restart(tmp_path, ["--sink", "postgresql", "--jdbc-url", url])
+    tmp, ref = _kill_and_restart(
+        tmp_path, ["--sink", "postgresql", "--jdbc-url", url], POSTGRES_KILLS
+    )
     sink = PostgresSink(url, spark)
     assert sink.committed_batches() == [0, 1, 2, 3, 4]
     assert postgres.psql("SELECT count(*) FROM tickwheel_batches").strip() == "5"
