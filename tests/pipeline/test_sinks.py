@@ -197,6 +197,7 @@ def test_tables_known_empty_get_no_write_but_exist(spark: Any, tmp_path: Path) -
     assert parquet.committed_batches() == [0, 1]
 
 
+@pytest.mark.connect
 @pytest.mark.parametrize("in_driver", [False, True], ids=["spark-writer", "driver"])
 def test_write_parquet_writes_the_same_rows_and_types_either_way(
     spark: Any, tmp_path: Path, in_driver: bool

@@ -147,7 +147,7 @@ def write_parquet(
     names and Spark types.
     """
     if not in_driver:
-        frame.write.mode("errorifexists").parquet(directory)
+        frame.write.mode("error").parquet(directory)  # "errorifexists": not on Connect
         return
     write_arrow_parquet(frame.toArrow(), directory, storage)
 
