@@ -96,6 +96,14 @@ class Storage(Protocol):
         one is there. Its parents are made as needed."""
         ...
 
+    def usable(self) -> bool:
+        """Whether calls can still be made (a stopped session's JVM cannot take them)."""
+        ...
+
+    def parquet_rows(self, directory: str) -> int:
+        """The rows of the Parquet files in ``directory``, from their footers."""
+        ...
+
     def delete(self, path: str) -> None:
         """Remove the file or tree at ``path``; a missing one is fine."""
         ...
@@ -149,6 +157,20 @@ class LocalStorage:
                 os.remove(tmp)
         _fsync_dir(directory)
 
+    def usable(self) -> bool:
+        """Always. O(1)."""
+        return True
+
+    def parquet_rows(self, directory: str) -> int:
+        """pyarrow reads each footer. O(files)."""
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+        return sum(
+            pq.read_metadata(os.path.join(directory, name)).num_rows
+            for name in os.listdir(directory)
+            if name.endswith(".parquet") and not name.startswith((".", "_"))
+        )
+
     def delete(self, path: str) -> None:
         """O(files)."""
         if os.path.isdir(path) and not os.path.islink(path):
@@ -199,10 +221,12 @@ class HadoopStorage:
 
     def __init__(self, spark: SparkSession) -> None:
         """Bind to ``spark``'s JVM and Hadoop configuration. O(1)."""
-        jvm = spark.sparkContext._jvm
+        self._context = spark.sparkContext
+        jvm = self._context._jvm
         assert jvm is not None
         self._jvm = jvm
         self._conf = spark.sparkContext._jsc.hadoopConfiguration()
+        self._managers: dict[str, Any] = {}  # Spark's CheckpointFileManager, by file system
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("HadoopStorage holds a JVM; it is not shipped to another process")
@@ -243,15 +267,29 @@ class HadoopStorage:
         finally:
             stream.close()
 
+    def _manager(self, jpath: Any) -> Any:
+        """Spark's ``CheckpointFileManager`` of ``jpath``'s file system, made once."""
+        uri = jpath.toUri()
+        key = f"{uri.getScheme()}://{uri.getAuthority()}"
+        manager = self._managers.get(key)
+        if manager is None:
+            checkpointing = self._jvm.org.apache.spark.sql.execution.streaming.checkpointing
+            manager = checkpointing.CheckpointFileManager.create(jpath, self._conf)
+            self._managers[key] = manager
+        return manager
+
     def create(self, path: str, data: bytes) -> None:
         """Spark's ``CheckpointFileManager.createAtomic`` without overwrite, as Spark's own
         offset and commit logs write their entries. O(size)."""
-        jvm = self._jvm
         jpath, _ = self._path(path)
-        checkpointing = jvm.org.apache.spark.sql.execution.streaming.checkpointing
-        manager = checkpointing.CheckpointFileManager.create(jpath.getParent(), self._conf)
-        manager.mkdirs(jpath.getParent())  # FileContext's create makes no parents
-        stream = manager.createAtomic(jpath, False)
+        manager = self._manager(jpath)
+        try:
+            stream = manager.createAtomic(jpath, False)
+        except Exception as exc:
+            if _java_class(exc) != "java.io.FileNotFoundException":
+                raise
+            manager.mkdirs(jpath.getParent())  # FileContext's create makes no parents
+            stream = manager.createAtomic(jpath, False)
         try:
             stream.write(bytearray(data))
         except BaseException:
@@ -263,6 +301,26 @@ class HadoopStorage:
             if _java_class(exc) == "org.apache.hadoop.fs.FileAlreadyExistsException":
                 raise FileExistsError(path) from None
             raise
+
+    def usable(self) -> bool:
+        """Whether the session's SparkContext is still up. O(1), no JVM call."""
+        return self._context._jsc is not None
+
+    def parquet_rows(self, directory: str) -> int:
+        """parquet-hadoop reads each footer in the JVM (no Spark job). O(files)."""
+        jvm = self._jvm
+        total = 0
+        for name in self.list_names(directory):
+            if not name.endswith(".parquet") or name.startswith((".", "_")):
+                continue
+            jpath, _ = self._path(join(directory, name))
+            source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(jpath, self._conf)
+            reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(source)
+            try:
+                total += int(reader.getRecordCount())
+            finally:
+                reader.close()
+        return total
 
     def delete(self, path: str) -> None:
         """One recursive delete (many calls, on an object store)."""

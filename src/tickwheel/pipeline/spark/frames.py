@@ -3,7 +3,6 @@ Parquet writes."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -153,18 +152,18 @@ def write_parquet(
 
 
 def write_arrow_parquet(table: Any, directory: str, storage: Storage | None = None) -> None:
-    """``table`` (Arrow) as one Parquet file in the new ``directory``, through ``storage``."""
+    """``table`` (Arrow) as one Parquet file in the new ``directory``, through ``storage``
+    (default: a local path), seen whole or not at all (:meth:`~..storage.Storage.create`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     from ..storage import LocalStorage, join
 
-    # a name of its own, as Spark's writer gives each file: a replay never reuses a path
-    name = f"part-00000-{uuid.uuid4()}-driver.parquet"
-    if storage is None or isinstance(storage, LocalStorage):
-        os.makedirs(directory)
-        pq.write_table(table, os.path.join(directory, name))
-        return
+    target = storage if storage is not None else LocalStorage()
+    if target.exists(directory):  # as Spark's writer in mode error: never into old files
+        raise FileExistsError(directory)
     buffer = pa.BufferOutputStream()
     pq.write_table(table, buffer)
-    storage.create(join(directory, name), buffer.getvalue().to_pybytes())
+    # a name of its own, as Spark's writer gives each file: a replay never reuses a path
+    name = f"part-00000-{uuid.uuid4()}-driver.parquet"
+    target.create(join(directory, name), buffer.getvalue().to_pybytes())

@@ -219,6 +219,8 @@ class CheckpointOwner:
         def beat() -> None:
             count, previous = 0, None
             while not stop.wait(_heartbeat_seconds()):
+                if not self.storage.usable() or (self.in_use is not None and not self.in_use()):
+                    return  # the session stopped, or the query ended before its release
                 count += 1
                 path = self._owner_path(token, f".alive-{count}")
                 with contextlib.suppress(Exception):  # a missed beat is only a later takeover

@@ -20,7 +20,7 @@ from ..spark.classify import EVENT_STATE_COLUMNS
 from ..spark.frames import sql_name, write_parquet
 from ..spark.outputs import OPS_COLUMNS
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
-from ..storage import LocalStorage, Storage, join
+from ..storage import join
 from .checkpoint import StateStore, fault
 
 if TYPE_CHECKING:
@@ -198,31 +198,13 @@ class MicroBatch:
             fault("after_outputs", batch_id)
             for future in state_writes:
                 future.result()
-        rows = sum(
-            parquet_rows(self.spark, store.storage, join(staged, name)) for name in next_state
-        )
+        rows = sum(store.storage.parquet_rows(join(staged, name)) for name in next_state)
         fault("after_state", batch_id)
         sink.commit(batch_id)
         fault("after_sink_commit", batch_id)
         store.commit(batch_id, {**meta, "state_rows": rows})
         fault("after_commit", batch_id)
         store.prune(batch_id)
-
-
-def parquet_rows(spark: Any, storage: Storage, directory: str) -> int:
-    """The rows of the Parquet files written in ``directory``, from their footers: read
-    here with pyarrow on a local disk, by a Spark job (which reads footers only) at a URI."""
-    if not isinstance(storage, LocalStorage):
-        return int(spark.read.parquet(directory).count())
-    import os
-
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
-
-    return sum(
-        pq.read_metadata(os.path.join(directory, name)).num_rows
-        for name in os.listdir(directory)
-        if name.endswith(".parquet") and not name.startswith((".", "_"))
-    )
 
 
 def abnormal_batch_warnings(
