@@ -22,6 +22,7 @@ so a job that lost the checkpoint to another never commits over it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
 import fcntl
@@ -229,6 +230,7 @@ class CheckpointOwner:
                         self.storage.delete(previous)
                     previous = path
 
+        atexit.register(stop.set)  # no beat while the interpreter and its JVM shut down
         threading.Thread(target=beat, name="tickwheel-owner-heartbeat", daemon=True).start()
 
     def write_owner(self, jvm_pid: int | None) -> None:
