@@ -19,7 +19,9 @@ has. So each daemon (the master too) runs under
         sh -c 'mount -t tmpfs tmpfs /tmp && exec spark-class CLASS ARGS...'
 
 * **its own mount namespace with a private** ``/tmp``: a fresh tmpfs over
-  ``/tmp`` that no other process sees. The worker's directory
+  ``/tmp`` that no other process sees (with the Python, PySpark and
+  tickwheel installation bound back in when it lives under ``/tmp``, as a
+  checkout there does: :data:`PRIVATE_TMP`). The worker's directory
   (``SPARK_WORKER_DIR``: its executors' logs and working directories) and
   its local directories (``SPARK_LOCAL_DIRS``: shuffle and spill files) are
   in it, so a worker's local files are its own, and they vanish with it;
@@ -64,6 +66,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -104,8 +107,32 @@ UNSHARE_VARIANTS = (
      "--pid", "--fork", "--kill-child", "--mount-proc"],
     ["unshare", "--mount", "--propagation", "private"],
 )  # fmt: skip
-#: Run in the new namespaces: a private tmpfs over /tmp, then the daemon itself.
-PRIVATE_TMP = 'mount -t tmpfs -o size={size} tmpfs /tmp && exec "$@"'
+#: Run in the new namespaces: a private tmpfs over /tmp, then the daemon itself. The
+#: directories named in ``$KEEP_IN_TMP`` (this Python, PySpark and tickwheel when they
+#: are installed under /tmp: a checkout there) are bound back into it from the /tmp
+#: below, which the shell still reaches through its working directory (hence
+#: ``--no-canonicalize``: ``mount`` would otherwise resolve ``./d`` to ``/tmp/d`` in the
+#: new tmpfs): the same software at the same path, as a cluster's machines each have it.
+PRIVATE_TMP = (
+    'start="$PWD" && cd /tmp && mount -t tmpfs -o size={size} tmpfs /tmp'
+    ' && for d in $KEEP_IN_TMP; do mkdir -p "/tmp/$d"'
+    ' && mount --no-canonicalize --bind "./$d" "/tmp/$d"; done'
+    ' && cd "$start" && exec "$@"'
+)
+
+
+def kept_in_tmp() -> str:
+    """The top directories under /tmp that hold this Python, PySpark or tickwheel."""
+    import tickwheel
+
+    places = (sys.prefix, sys.base_prefix, sys.executable, spark_home(), tickwheel.__file__)
+    names = set()
+    for place in places:
+        parts = Path(os.path.realpath(place)).parts
+        if len(parts) > 2 and parts[:2] == ("/", "tmp"):
+            names.add(parts[2])
+    return " ".join(sorted(names))
+
 
 #: Where a worker keeps its executors' directories and its local (shuffle) files:
 #: inside its private /tmp.
@@ -159,10 +186,12 @@ def unshare_command(timeout: float = 20.0) -> tuple[str, ...]:
     failures = []
     for variant in UNSHARE_VARIANTS:
         probe = [*variant, "sh", "-c", PRIVATE_TMP.format(size="1m"), "sh", "true"]
+        env = {**os.environ, "KEEP_IN_TMP": kept_in_tmp()}
         try:
             done = subprocess.run(
-                probe, capture_output=True, text=True, timeout=timeout, check=False, cwd="/"
-            )
+                probe, capture_output=True, text=True, timeout=timeout, check=False, cwd="/",
+                env=env,
+            )  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
             failures.append(f"{' '.join(variant)}: {exc}")
             continue
@@ -403,6 +432,7 @@ class StandaloneCluster:
             "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
             # temporary files in the private /tmp, whatever the caller's TMPDIR
             "TMPDIR": "/tmp",
+            "KEEP_IN_TMP": kept_in_tmp(),
             **(env or {}),
         }
         for name_ in ("SPARK_LOCAL_HOSTNAME", "SPARK_PUBLIC_DNS", "SPARK_REMOTE"):
