@@ -71,6 +71,28 @@ def test_uris_and_paths_are_told_apart() -> None:
     assert join("ck", "tickwheel") == os.path.join("ck", "tickwheel")
 
 
+def test_inputs_are_a_directory_a_file_or_a_glob(tmp_path: Path) -> None:
+    """A directory gives its data files (not hidden ones nor Spark's markers), a file
+    itself, a glob its matches; each with the bytes that size the run."""
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    for name, text in (("a.jsonl", "1\n"), ("sub/b.jsonl", "22\n"), (".c.jsonl", "x\n"),
+                       ("_SUCCESS", ""), ("d.csv", "h\n")):  # fmt: skip
+        (tmp_path / "in" / name).write_text(text)
+    found = resolve_inputs(str(tmp_path / "in"), "json")
+    assert found.paths == [
+        str(tmp_path / "in" / "a.jsonl"),
+        str(tmp_path / "in" / "sub" / "b.jsonl"),
+    ]
+    assert found.bytes == 5
+    one = resolve_inputs(str(tmp_path / "in" / "a.jsonl"), "json")
+    assert one.paths == [str(tmp_path / "in" / "a.jsonl")] and one.bytes == 2
+    assert resolve_inputs(str(tmp_path / "in" / "*.csv"), "csv").paths == [
+        str(tmp_path / "in" / "d.csv")
+    ]
+    with pytest.raises(FileNotFoundError, match="no json input files"):
+        resolve_inputs(str(tmp_path / "missing"), "json")
+
+
 def test_local_create_never_overwrites(tmp_path: Path) -> None:
     """A new file appears whole under its name, and a second create of the name fails."""
     storage = LocalStorage()
