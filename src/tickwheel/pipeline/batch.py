@@ -371,11 +371,16 @@ def run_job(
     summary["seconds"] = round(job_s, 3)
     summary["phases_seconds"] = phases.seconds
     summary["events_per_s"] = round(total / job_s, 1) if job_s else None
-    summary_path = join(out, "summary.json")
-    out_storage.delete(summary_path)  # a run replaces the outputs of the one before
-    out_storage.create(summary_path, (json.dumps(summary, indent=2) + "\n").encode())
+    _write_summary(out_storage, out, summary)
     phases.line(f"done: {total:,} records, {summary['events_per_s']:,} records/s")
     return summary
+
+
+def _write_summary(storage: Storage, out: str, summary: Mapping[str, Any]) -> None:
+    """``OUT/summary.json``, replacing the one of the run before (as the tables are)."""
+    path = join(out, "summary.json")
+    storage.delete(path)
+    storage.create(path, (json.dumps(summary, indent=2) + "\n").encode())
 
 
 def _run_phases(
