@@ -5,8 +5,9 @@ namespaces of its own (mount, and PID where the machine allows) with a private
 /tmp (``support.standalone_cluster``): two machines as Spark sees them, with
 nothing on a local disk in common. The
 stream's driver is ``python -m tickwheel.pipeline.stream --master spark://...``
-in a subprocess outside the namespaces; its input, output and checkpoint are in
-a directory every process sees, not under /tmp.
+in a subprocess outside the namespaces; its input, output and checkpoint are
+``file:`` URIs of a directory every process sees, not under /tmp, so the job
+takes Spark's file source and reaches its files through Hadoop.
 
 Two faults, then the outputs against the reference (the batch semantics): no
 row lost, none doubled.
@@ -57,16 +58,11 @@ RUN_TIMEOUT = 300.0
 WORKER_1, WORKER_2 = "127.0.0.2", "127.0.0.3"
 
 
-#: Whether the job's directories go to the command as ``file:///...`` URIs, which
-#: every process of the cluster resolves the same way, like the plain absolute
-#: paths given otherwise. ``tickwheel pipeline stream`` takes plain paths for
-#: ``--input`` and ``--checkpoint`` (its file source lists and logs them in Python).
-FILE_URIS = False
-
-
 def location(path: Path) -> str:
-    """How the command and the sink name the directory ``path``: see :data:`FILE_URIS`."""
-    return path.as_uri() if FILE_URIS else str(path)
+    """How the command and the sink name the directory ``path``: a ``file:`` URI, which
+    every process of the cluster resolves through Hadoop's ``FileSystem``, as it
+    would ``hdfs://`` or ``s3a://``."""
+    return path.as_uri()
 
 
 @pytest.fixture
@@ -247,7 +243,10 @@ def test_stream_survives_a_driver_kill_and_a_lost_worker(
             driver.kill()
 
     # Nothing lost, nothing doubled.
-    sink = ParquetSink(location(base / "out"))
+    # URIs: Spark's file source took the files (its log), not the local ordered one
+    assert (base / "ck" / "spark" / "sources" / "0").is_dir()
+    assert not (base / "ck" / "tickwheel" / "files.log").exists()
+    sink = ParquetSink(location(base / "out"), spark)
     assert sink.committed_batches() == list(range(INCREMENTS))
     compare_with_reference(read_stream_outputs(spark, sink, location(base / "ck")), ref)
 

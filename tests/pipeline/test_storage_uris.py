@@ -38,7 +38,7 @@ from tickwheel.pipeline.stream.checkpoint import (
     CheckpointOwner,
     StreamError,
 )
-from tickwheel.pipeline.stream.job import read_stream_outputs
+from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
 
 pytestmark = pytest.mark.spark
 
@@ -213,6 +213,60 @@ def test_stream_at_uris_commits_by_new_files_only(
     assert {t: sorted(map(tuple, df.collect())) for t, df in again.items()
             if df is not None} == before  # fmt: skip
     assert list(empty_cwd.iterdir()) == []
+
+
+def _stream_job(spark: Any, viewfs: ViewFs, rules: Path) -> dict[str, Any]:
+    config = StreamConfig(
+        rules_path=str(rules), input=viewfs.uri("in"), output=viewfs.uri("out"),
+        checkpoint=viewfs.uri("ck"), max_files_per_trigger=2, partitions=2, quiet=True,
+    )  # fmt: skip
+    with StreamJob(config, spark=spark) as job:
+        assert not job.ordered_source
+        summary: dict[str, Any] = job.run()
+    return summary
+
+
+@pytest.mark.slow
+def test_stream_job_at_uris(
+    spark: Any, viewfs: ViewFs, orders: dict[str, Any], empty_cwd: Path
+) -> None:
+    """``pipeline stream``'s job with ``--input``, ``--output`` and ``--checkpoint`` at
+    URIs takes Spark's file source: the reference's rows, a heartbeat marker read
+    through Hadoop, no visible file overwritten or renamed, a rerun that adds
+    nothing, and an empty working directory."""
+    feed(orders["files"], viewfs.root / "in", 6)
+    (viewfs.root / "in" / "zz.heartbeat").write_text("1")  # taken, before every event
+    with FileWatch(viewfs.root) as watch:
+        summary = _stream_job(spark, viewfs, orders["rules"])
+    watch.check()
+    assert summary["batches_run"] == 4  # 7 files, 2 per trigger
+    last_plan = viewfs.root / "ck" / "tickwheel" / "plans" / "3.json"  # the newest file's
+    assert viewfs.uri("in/zz.heartbeat") in json.loads(last_plan.read_text())["files"]
+    sink = ParquetSink(viewfs.uri("out"), spark)
+    outs = read_stream_outputs(spark, sink, viewfs.uri("ck"))
+    compare_with_reference(outs, orders["ref"])  # the marker was read, not refused
+    assert (viewfs.root / "ck" / "spark" / "sources" / "0").is_dir()  # Spark's source log
+    assert not (viewfs.root / "ck" / "tickwheel" / "files.log").exists()
+    with FileWatch(viewfs.root) as watch:
+        again = _stream_job(spark, viewfs, orders["rules"])
+    watch.check()
+    assert again["batches_run"] == 0 and sink.committed_batches() == [0, 1, 2, 3]
+    assert list(empty_cwd.iterdir()) == []
+
+
+def test_stream_job_refuses_a_missing_uri_input(spark: Any, viewfs: ViewFs, tmp_path: Path) -> None:
+    """An ``--input`` URI that names nothing is refused, naming it, before a batch runs."""
+    rules = write_rules(tmp_path / "rules.toml")
+    config = StreamConfig(
+        rules_path=str(rules), input=viewfs.uri("nothing"), output=viewfs.uri("out"),
+        checkpoint=viewfs.uri("ck"), quiet=True,
+    )  # fmt: skip
+    with (
+        StreamJob(config, spark=spark) as job,
+        pytest.raises(StreamError, match="nothing: not found"),
+    ):
+        job.run()
+    assert not (viewfs.root / "out").exists()
 
 
 def _dead_pid() -> int:

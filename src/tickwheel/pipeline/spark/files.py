@@ -113,16 +113,19 @@ def _parquet_files(
     return union_all(frames, allow_missing=True)
 
 
-def read_heartbeats(paths: Sequence[str], rules: Rules) -> tuple[list[int], list[Refused]]:
+def read_heartbeats(
+    paths: Sequence[str], rules: Rules, storage: Storage | None = None
+) -> tuple[list[int], list[Refused]]:
     """(event times of the marker files, the unreadable ones refused). O(files).
 
     A marker holds an event time: epoch ms or ISO-8601, alone or as
-    ``{"time": ...}`` (or the rules' time field).
+    ``{"time": ...}`` (or the rules' time field). It is read through
+    ``storage`` (default: local paths).
     """
+    storage = storage if storage is not None else LocalStorage()
     times, bad = [], []
     for path in paths:
-        with open(path, "rb") as fh:
-            text = fh.read(4096).decode("utf-8", errors="replace")
+        text = storage.read_bytes(path, 4096).decode("utf-8", errors="replace")
         value = text.strip()
         with contextlib.suppress(ValueError):
             obj = json.loads(value)

@@ -21,9 +21,11 @@ def add_stream_arguments(parser: Any) -> None:
     password file), see :func:`tickwheel.pipeline.sinks.postgres_credentials`.
     """
     parser.add_argument("--rules", required=True, help="rules TOML file")
-    parser.add_argument("--input", required=True, help="directory the stream watches for files")
-    parser.add_argument("--output", required=True, help="output directory (and SQLite home)")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (one job)")
+    parser.add_argument(
+        "--input", required=True, help="directory (or URI) the stream watches for files"
+    )
+    parser.add_argument("--output", required=True, help="output directory or URI (and SQLite home)")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory or URI (one job)")
     parser.add_argument(
         "--trigger",
         default="available-now",

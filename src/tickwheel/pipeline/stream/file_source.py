@@ -42,9 +42,19 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-__all__ = ["FileLog", "OrderedFileSource", "list_new_files", "logged_batch_files"]
+__all__ = [
+    "BINARY_FILE_SCHEMA",
+    "FileLog",
+    "OrderedFileSource",
+    "list_new_files",
+    "logged_batch_files",
+]
 
 SOURCE_NAME = "tickwheel_files"
+
+#: The schema of Spark's ``binaryFile`` source, which a streaming reader must be
+#: given; the stream takes it for an input at a URI, where this source cannot list.
+BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length long, content binary"
 
 
 def list_new_files(directory: str, seen: set[str]) -> list[str]:

@@ -57,7 +57,7 @@ from ..rules import Rules, load_rules
 from ..spark.files import HEARTBEAT_SUFFIX, read_files, read_heartbeats
 from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
 from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
-from ..storage import StorageError, absolute, is_uri, join, storage_for
+from ..storage import Storage, StorageError, absolute, is_uri, join, storage_for
 from .checkpoint import (
     FAULT_POINTS,
     CheckpointInUse,
@@ -379,24 +379,35 @@ class StreamJob:
         parse_trigger(config.trigger)
         if config.jit not in ("auto", "c1", "c2"):
             raise StreamError(f"--jit: expected auto, c1 or c2, got {config.jit!r}")
-        for name, path in (("--input", config.input), ("--checkpoint", config.checkpoint)):
-            if is_uri(path):
-                raise StreamError(
-                    f"{name} {path}: pipeline stream takes local or mounted paths (its file "
-                    "source lists and logs in a Python process without Hadoop); for a URI, "
-                    "read the files with spark.readStream and call start_stream"
-                )
-        if not os.path.isdir(config.input):
+        # The ordered source lists and logs in a Python process without Hadoop: it
+        # takes a local (or mounted) input and checkpoint. Any URI: Spark's own.
+        self.ordered_source = not is_uri(config.input) and not is_uri(config.checkpoint)
+        if not is_uri(config.input) and not os.path.isdir(config.input):
             raise StreamError(f"--input {config.input}: not a directory")
-        self.checkpoint = os.path.abspath(config.checkpoint)
-        self.root, self.store, lock = _checkpoint_root(self.checkpoint)
-        self._lock: CheckpointOwner | None = lock
+        self.checkpoint = absolute(config.checkpoint)
+        self.root = join(self.checkpoint, "tickwheel")
+        self._lock: CheckpointOwner | None = None
+        self._store: StateStore | None = None
+        if not is_uri(self.checkpoint):  # refused before Spark starts
+            self._open_checkpoint(None)
         self._spark = spark
         self._batch_spark: SparkSession | None = None
+        self._input_storage: Storage | None = None  # a URI input's, in the batches' session
         self._file_log_path = os.path.join(self.root, "files.log")
         self._file_log: FileLog | None = None  # the source's file log, read in the driver
         self.sink: BatchSink | None = None
         self.options: StepOptions | None = None
+
+    def _open_checkpoint(self, spark: SparkSession | None) -> None:
+        """Take the checkpoint (refused if a job holds it); a URI one through ``spark``."""
+        _root, self._store, self._lock = _checkpoint_root(self.checkpoint, spark)
+
+    @property
+    def store(self) -> StateStore:
+        """The checkpoint's state store (for a URI checkpoint, once :meth:`run` began)."""
+        if self._store is None:
+            raise StreamError(f"--checkpoint {self.checkpoint}: not opened yet (run the job)")
+        return self._store
 
     def _input_format(self) -> str:
         from ..rules import RulesError
@@ -426,15 +437,16 @@ class StreamJob:
         the checkpoint's file log has not taken, fit the batch job's crossover
         (:func:`~tickwheel.pipeline.spark.session.quick_jit_for`): such a run
         ends before the optimising compiler pays back. A stream that runs
-        until stopped keeps both compilers.
+        until stopped keeps both compilers, as does one on Spark's file source
+        (a URI), whose new files are known only once the JVM is up.
         """
         from ..spark.session import quick_jit_for
         from .file_source import FileLog, list_new_files
 
         if self.config.jit != "auto":
             return self.config.jit == "c1"
-        if parse_trigger(self.config.trigger)[0] == "interval":
-            return False
+        if parse_trigger(self.config.trigger)[0] == "interval" or not self.ordered_source:
+            return False  # unbounded, or new files known only once Spark lists them
         taken = set(FileLog(self._file_log_path, repair=False).paths)
         new_bytes = 0
         for path in list_new_files(self.config.input, taken):
@@ -502,7 +514,8 @@ class StreamJob:
         """What Spark Connect ships of the job to the process that runs ``foreachBatch``:
         no session, lock or open log (that process makes its own). O(1)."""
         state = dict(self.__dict__)
-        state.update(_spark=None, _batch_spark=None, _file_log=None, _lock=None)
+        state.update(_spark=None, _batch_spark=None, _file_log=None, _lock=None,
+                     _input_storage=None)  # fmt: skip
         return state
 
     def close(self) -> None:
@@ -533,9 +546,16 @@ class StreamJob:
         return plan, self._run_batch(batch_id, plan)
 
     def _files(self, files_df: DataFrame, batch_id: int) -> list[str]:
-        """The files of micro-batch ``batch_id``: from the logs, else from its rows."""
+        """The files of micro-batch ``batch_id``: from the logs, else from its rows.
+
+        Spark's file source (a URI) gives its rows, taken here in (modification
+        time, name) order, as the ordered source logs them.
+        """
         from .file_source import FileLog, logged_batch_files
 
+        if not self.ordered_source:
+            rows = files_df.select("modificationTime", "path").collect()
+            return [path for _mtime, path in sorted((r[0], r[1]) for r in rows)]
         if self._file_log is None:
             self._file_log = FileLog(self._file_log_path, repair=False)
         spark_checkpoint = _spark_checkpoint(self.checkpoint)
@@ -554,24 +574,64 @@ class StreamJob:
         """The plan's files as the micro-batch's records, refused files and heartbeats."""
         from ..spark.frames import empty_frame
 
-        files = [p[len("file:") :] if p.startswith("file:") else p for p in plan["files"]]
-        markers = [p for p in files if p.endswith(HEARTBEAT_SUFFIX) and os.path.exists(p)]
-        times, refused = read_heartbeats(markers, self.rules)
         spark = self._batch_session()
+        files, storage = list(plan["files"]), self._storage_of_input()
+        if self.ordered_source:  # plans of older releases may name file: URIs
+            files = [p[len("file:") :] if p.startswith("file:") else p for p in files]
+        markers = [p for p in files if p.endswith(HEARTBEAT_SUFFIX) and storage.exists(p)]
+        times, refused = read_heartbeats(markers, self.rules, storage)
         records, unread = read_files(
-            spark, [p for p in files if p not in markers], self.input_format
+            spark, [p for p in files if p not in markers], self.input_format, storage
         )
         if records is None:
             records = empty_frame(spark, "value string")
         return MicroBatchInput(records, plan, [*refused, *unread], times)
 
+    def _storage_of_input(self) -> Storage:
+        """Where the input's files are read: locally, or through the batches' session."""
+        if self._input_storage is None:
+            from ..storage import LocalStorage
+
+            self._input_storage = (
+                LocalStorage()
+                if not is_uri(self.config.input)
+                else storage_for(self.config.input, self._batch_session())
+            )
+        return self._input_storage
+
+    def _source(self, spark: SparkSession) -> DataFrame:
+        """The query's streaming frame of new files: the ordered source, else Spark's own."""
+        from .file_source import BINARY_FILE_SCHEMA, SOURCE_NAME, OrderedFileSource
+
+        limit = self.config.max_files_per_trigger
+        if self.ordered_source:
+            # Spark's own file source orders files by modification time only; this
+            # one by (modification time, name), logged in the checkpoint.
+            spark.dataSource.register(OrderedFileSource)
+            reader = spark.readStream.format(SOURCE_NAME).option("log", self._file_log_path)
+            if limit:
+                reader = reader.option("maxFilesPerTrigger", str(limit))
+            return reader.load(os.path.abspath(self.config.input))
+        try:
+            found = storage_for(self.config.input, spark).exists(self.config.input)
+        except StorageError as exc:
+            raise StreamError(f"--input {exc}") from None
+        if not found:
+            raise StreamError(f"--input {self.config.input}: not found")
+        # binaryFile's rows without their content column: Spark reads no bytes.
+        reader = spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA)
+        if limit:
+            reader = reader.option("maxFilesPerTrigger", str(limit))
+        return reader.load(self.config.input).select("path", "modificationTime")
+
     def run(self) -> dict[str, Any]:
         """Run the query to the end of the trigger (once / available-now) or forever."""
         from ..sinks import make_sink
         from ..spark.session import is_classic
-        from .file_source import SOURCE_NAME, OrderedFileSource
 
         spark = self._session()
+        if self._lock is None:
+            self._open_checkpoint(spark)
         before = self.store.committed()
         jvm_pid = None
         if is_classic(spark):  # a Connect client has no JVM of its own to wait for
@@ -594,13 +654,7 @@ class StreamJob:
             else self.input_format,
         )
         runner = BatchRunner(self.store, self.sink, self._on_batch, quiet=config.quiet)
-        # Spark's own file source orders files by modification time only; this
-        # one by (modification time, name), logged in the checkpoint.
-        spark.dataSource.register(OrderedFileSource)
-        reader = spark.readStream.format(SOURCE_NAME).option("log", self._file_log_path)
-        if config.max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", str(config.max_files_per_trigger))
-        writer = reader.load(os.path.abspath(config.input)).writeStream.foreachBatch(runner)
+        writer = self._source(spark).writeStream.foreachBatch(runner)
         writer = writer.option("checkpointLocation", _spark_checkpoint(self.checkpoint))
         started = time.perf_counter()
         query = _with_trigger(writer, config.trigger).start()
