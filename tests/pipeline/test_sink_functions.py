@@ -47,6 +47,7 @@ JOB = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     from stream_sinks import append_to_topic, replace_batch_partition
     from tickwheel.pipeline import start_stream
+    from tickwheel.pipeline.spark.class_archive import find
     from tickwheel.pipeline.spark.session import create_session
 
     inbox, rules, out, ck = sys.argv[2:6]
@@ -74,7 +75,7 @@ JOB = textwrap.dedent(
         to_table(tables, batch_id)
         to_topic(tables, batch_id)
 
-    spark = create_session("local[2]", app_name="sink-function-job")
+    spark = create_session("local[2]", app_name="sink-function-job", class_archive=find())
     records = spark.readStream.option("maxFilesPerTrigger", 1).text(inbox)
     query = start_stream(records, rules, checkpoint=ck, sink=sink, trigger="available-now")
     query.awaitTermination()

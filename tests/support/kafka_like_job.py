@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the supp
 def main() -> int:
     from support import kafka_like
     from tickwheel.pipeline import start_stream
+    from tickwheel.pipeline.spark.class_archive import find
     from tickwheel.pipeline.spark.session import create_session, set_log_level
 
     parser = argparse.ArgumentParser()
@@ -26,7 +27,9 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--remote", help="a Spark Connect URL, as SparkSession.builder.remote")
     args = parser.parse_args()
-    spark = create_session("local[2]", app_name="kafka-like-job", remote=args.remote)
+    # The class archive, when `make test` recorded one: each run starts a JVM of its own.
+    spark = create_session("local[2]", app_name="kafka-like-job", remote=args.remote,
+                           class_archive=find())  # fmt: skip
     set_log_level(spark, "ERROR")
     kafka_like.register(spark)
     records = (

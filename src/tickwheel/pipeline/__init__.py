@@ -6,7 +6,9 @@ The public step, on DataFrames (needs the ``spark`` extra; imported on first use
   ``outcomes``, ``unmatched``, ``rejected`` and ``buffered`` DataFrames, and
   ``summary()``;
 * :func:`start_stream`: a streaming DataFrame from any replayable source →
-  Spark's ``StreamingQuery``, committing each micro-batch exactly once.
+  Spark's ``StreamingQuery``, committing each micro-batch exactly once;
+* :func:`checkpoint_status`: what a stream's checkpoint holds (pending
+  operations, watermark, files, owner), as a dict.
 
 The package, by role (imports run down this list, never up):
 
@@ -38,6 +40,7 @@ from .rules import InputConfig, Rule, Rules, RulesError, load_rules, parse_durat
 if TYPE_CHECKING:
     from .spark.step import DelayedOperations, delayed_operations
     from .stream.job import read_stream_outputs, start_stream
+    from .stream.status import checkpoint_status
 
 __all__ = [
     "DelayedOperations",
@@ -50,6 +53,7 @@ __all__ = [
     "RulesError",
     "StateRow",
     "UnmatchedRow",
+    "checkpoint_status",
     "delayed_operations",
     "load_rules",
     "parse_duration",
@@ -58,8 +62,9 @@ __all__ = [
     "start_stream",
 ]
 
-#: The names that need pyspark, and the module each lives in.
+#: The names that need the spark extra (pyspark, or pyarrow), and the module each lives in.
 _SPARK_NAMES = {
+    "checkpoint_status": "stream.status",
     "DelayedOperations": "spark.step",
     "delayed_operations": "spark.step",
     "read_stream_outputs": "stream.job",

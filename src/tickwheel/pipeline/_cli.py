@@ -1,4 +1,5 @@
-"""``tickwheel pipeline generate|run|prepare|report|stream`` (``stream``'s options: ``stream.cli``).
+"""``tickwheel pipeline generate|run|prepare|report|stream|status`` (``stream``'s options:
+``stream.cli``).
 
 Importing this module must stay cheap: pyspark, pandas and matplotlib are
 imported inside the commands, so ``tickwheel --help`` does not start them.
@@ -77,6 +78,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         memory_failure,
         partitions_for,
     )
+    from .spark.workers import WorkersError
     from .storage import StorageError, is_uri, storage_for
 
     try:
@@ -103,6 +105,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 return 2
         partitions = args.partitions or partitions_for(input_bytes, default_parallelism(spark))
         summary = _run_job(spark, rules, args, partitions)
+    except WorkersError as exc:
+        print(f"tickwheel pipeline run: error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         hint = memory_failure(exc, memory, partitions)
         if hint is None:
@@ -208,8 +213,39 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    """Print what a stream checkpoint holds; a URI one through a local classic session."""
+    import json
+
+    from .storage import is_uri
+    from .stream.checkpoint import StreamError
+    from .stream.status import checkpoint_status, render_status
+
+    spark = None
+    if is_uri(args.checkpoint) or (args.input is not None and is_uri(args.input)):
+        from .spark.session import create_session, set_log_level
+
+        spark = create_session("local[1]", app_name="tickwheel-status", shuffle_partitions=1)
+        set_log_level(spark, "ERROR")
+    try:
+        status = checkpoint_status(args.checkpoint, spark=spark, input=args.input)
+    except StreamError as exc:
+        print(f"tickwheel pipeline status: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if spark is not None:
+            with contextlib.suppress(Exception):
+                spark.stop()
+    if args.json:
+        print(json.dumps(status, indent=1, sort_keys=True))
+    else:
+        print(render_status(status), end="")
+    return 0
+
+
 def add_pipeline_parser(subparsers: Any) -> None:
-    """Add ``pipeline`` with its ``generate``, ``run`` and ``report`` commands to the CLI."""
+    """Add ``pipeline`` with its ``generate``, ``run``, ``stream``, ``status``, ``prepare`` and
+    ``report`` commands to the CLI."""
     pipeline = subparsers.add_parser(
         "pipeline",
         help="event-time delayed operations over keyed event streams, on Spark",
@@ -267,6 +303,19 @@ def add_pipeline_parser(subparsers: Any) -> None:
     )
     prepare.add_argument("--force", action="store_true", help="record it again")
     prepare.set_defaults(func=_cmd_prepare)
+
+    status = sub.add_parser(
+        "status",
+        help="what a stream checkpoint holds: last batch, watermark, pending, files, owner",
+        description="Read a stream checkpoint (nothing is written) and report its last "
+        "commit, watermark lag, rules, pending operations per rule, carried events, files "
+        "taken and waiting, and whether a job holds it.",
+    )
+    status.add_argument("--checkpoint", required=True, help="the stream's checkpoint (or URI)")
+    status.add_argument("--input", help="the input directory, to count the files waiting "
+                        "(default: the one the last commit recorded)")  # fmt: skip
+    status.add_argument("--json", action="store_true", help="print the figures as JSON")
+    status.set_defaults(func=_cmd_status)
 
     report = sub.add_parser("report", help="print the summary and write PNG plots")
     report.add_argument("output", help="a pipeline output directory")

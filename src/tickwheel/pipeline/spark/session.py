@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -206,6 +207,22 @@ def local_python() -> str:
     return script if os.access(script, os.X_OK) else sys.executable
 
 
+def workers_python(master: str) -> tuple[str, bool]:
+    """(the Python Spark's workers run, whether it is this interpreter). O(1).
+
+    ``PYSPARK_PYTHON``, when the user set it to another Python: a cluster's
+    workers may have theirs elsewhere (:mod:`.workers` checks it imports
+    tickwheel). Otherwise this interpreter; on a local master, through
+    :func:`local_python`.
+    """
+    # Paths, not resolved links: a virtual environment's python links to its base.
+    mine = {os.path.abspath(sys.executable), os.path.abspath(local_python())}
+    explicit = os.environ.get("PYSPARK_PYTHON")
+    if explicit and os.path.abspath(shutil.which(explicit) or explicit) not in mine:
+        return explicit, False
+    return (local_python() if master.startswith("local") else sys.executable), True
+
+
 def create_session(
     master: str = "local[2]",
     app_name: str = "tickwheel-pipeline",
@@ -236,8 +253,9 @@ def create_session(
     replaces them.
 
     Sets ``PYSPARK_PYTHON`` to this interpreter (else workers fall back to the
-    system python), ``SPARK_LOCAL_IP`` to loopback when unset, turns off the UI
-    and Spark's console progress bar, and keeps the log at WARN. On a local
+    system python) unless it names another one (:func:`workers_python`),
+    ``SPARK_LOCAL_IP`` to loopback when unset, turns off the UI and Spark's
+    console progress bar, and keeps the log at WARN. On a local
     master the Python processes Spark starts import PySpark from the installed
     package, not from ``pyspark.zip``: the workers' daemon
     (:data:`WORKER_DAEMON`), which saves a fresh daemon about a second of
@@ -286,7 +304,7 @@ def _session_builder(
 ) -> Any:
     """The builder of :func:`create_session`'s classic session, and the environment
     its JVM and workers start in. O(settings)."""
-    python = local_python() if master.startswith("local") else sys.executable
+    python, ours = workers_python(master)
     os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -314,7 +332,7 @@ def _session_builder(
     if class_archive is not None:  # the class path the archive was recorded with
         for name, value in session_conf().items():
             builder = builder.config(name, value)
-    if master.startswith("local"):  # the workers run this interpreter: see worker_daemon
+    if master.startswith("local") and ours:  # workers on this interpreter: see worker_daemon
         builder = builder.config("spark.python.daemon.module", WORKER_DAEMON)
     for name, value in {**_run_time_settings(shuffle_partitions), **conf}.items():
         builder = builder.config(name, value)

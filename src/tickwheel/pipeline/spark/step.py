@@ -182,8 +182,11 @@ class DelayedOperations:
         state: CarriedState | None = None,
     ) -> None:
         """Check the options and plan the first stages; nothing runs yet. O(columns)."""
+        from .workers import check_workers
+
         opts = options or StepOptions()
         spark = records.sparkSession
+        check_workers(spark)  # one small job, the first time per application
         self.rules, self.options, self.state = rules, opts, state or CarriedState(None, None)
         self.spark = spark
         self.partitions = _check_partitions(opts.partitions, default_parallelism(spark))

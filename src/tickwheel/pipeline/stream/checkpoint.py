@@ -8,7 +8,8 @@ or any URI Spark writes (``hdfs://``, ``s3a://``, ``abfss://``...)::
     owners/T.alive-K      its heartbeat (a URI checkpoint), owners/T.released its end
     plans/N.json          micro-batch N's write-ahead plan, made once
     state/N/              the carried state after batch N (events/, ops/)
-    commits/N.json        the commit of batch N: its watermark, counts, state rows
+    commits/N.json        the commit of batch N: its watermark, counts, state rows, and
+                          the rules, input format, state format and release it was made with
 
 Every file is created once, under a name that did not exist, and seen whole
 or not at all (:meth:`~..storage.Storage.create`); no directory is renamed and
@@ -42,6 +43,7 @@ __all__ = [
     "FAULT_LOG_ENV",
     "FAULT_POINTS",
     "HEARTBEAT_ENV",
+    "STATE_FORMAT",
     "CheckpointInUse",
     "CheckpointOwner",
     "StateStore",
@@ -62,6 +64,12 @@ FAULT_POINTS = (
     "after_sink_commit",  # sink committed, checkpoint state not
     "after_commit",  # state committed, Spark's own commit log not yet
 )
+
+
+#: The version of the state's format that this release writes. It reads every
+#: earlier one: 1, the layout without ``commits/`` (``state/N/meta.json``); 2, the
+#: commit files, which record the rules, the input format and the release.
+STATE_FORMAT = 2
 
 
 class StreamError(RuntimeError):
@@ -387,11 +395,36 @@ class StateStore:
 
     def commit(self, batch_id: int, meta: Mapping[str, Any]) -> None:
         """Commit batch ``batch_id``: one new file, ``commits/N.json``, after the fencing
-        check."""
+        check. It records the state format, the release and the time besides ``meta``."""
+        from ... import __version__
+
         if self.owner is not None:
             self.owner.check()
-        create_json(self.storage, self._commit_path(batch_id),
-                    {**meta, "owner_token": self.owner.token if self.owner else None})  # fmt: skip
+        create_json(self.storage, self._commit_path(batch_id), {
+            **meta,
+            "owner_token": self.owner.token if self.owner else None,
+            "format": STATE_FORMAT,
+            "tickwheel": __version__,
+            "committed_at_ms": int(time.time() * 1000),
+        })  # fmt: skip
+
+    def check_format(self) -> None:
+        """Refuse (:class:`StreamError`) a checkpoint whose last commit is in a state format
+        newer than this release reads. O(1) calls."""
+        from ... import __version__
+
+        committed = self.committed()
+        if not committed:
+            return
+        meta = self.meta(committed[-1])
+        found = meta.get("format", 1)
+        if not isinstance(found, int) or found > STATE_FORMAT:
+            raise StreamError(
+                f"checkpoint {_checkpoint_of(self.root)}: its state is in format {found!r}, "
+                f"written by tickwheel {meta.get('tickwheel', '?')}; tickwheel {__version__} "
+                f"reads formats 1 to {STATE_FORMAT}. Run a release that reads it (the one that "
+                "wrote it, or newer), or start a new checkpoint"
+            )
 
     def prune(self, batch_id: int) -> None:
         """Keep the state of ``batch_id`` and the one before it; drop older states, their

@@ -27,6 +27,13 @@ def add_stream_arguments(parser: Any) -> None:
     parser.add_argument("--output", required=True, help="output directory or URI (and SQLite home)")
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory or URI (one job)")
     parser.add_argument(
+        "--drop-incompatible-state",
+        action="store_true",
+        help="when the rules changed in a way the checkpoint's state cannot follow (a "
+        "removed rule with pending operations, a changed key/id/time/sequence field or input "
+        "format), drop what the old rules left and go on, saying what was dropped",
+    )
+    parser.add_argument(
         "--trigger",
         default="available-now",
         help="once | available-now (default) | interval=30s (runs until stopped)",
@@ -108,6 +115,7 @@ def run_stream_command(args: Any) -> int:
             driver_memory=args.driver_memory or default_driver_memory(),
             jit=args.jit,
             quiet=args.quiet,
+            drop_incompatible_state=args.drop_incompatible_state,
         )
         with StreamJob(config) as job:
             job.run()

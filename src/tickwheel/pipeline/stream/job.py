@@ -57,6 +57,7 @@ from ..rules import Rules, load_rules
 from ..spark.files import HEARTBEAT_SUFFIX, read_files, read_heartbeats
 from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
 from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
+from ..spark.workers import WorkersError, check_workers
 from ..storage import Storage, StorageError, absolute, is_uri, join, storage_for
 from .checkpoint import (
     FAULT_POINTS,
@@ -66,6 +67,7 @@ from .checkpoint import (
     StreamError,
     fault,
 )
+from .evolution import StateAdjustment, check_rules_change
 from .micro_batch import TABLES, MicroBatch, MicroBatchInput
 
 if TYPE_CHECKING:
@@ -194,11 +196,6 @@ class BatchRunner:
         return summary
 
 
-def _plan(store: StateStore, batch_id: int) -> dict[str, Any]:
-    """The micro-batch's write-ahead plan: its processing time, made once."""
-    return store.plan(batch_id, lambda: _new_plan(batch_id))
-
-
 def _new_plan(batch_id: int, **more: Any) -> dict[str, Any]:
     """A new write-ahead plan: the batch id, ``more``, and the processing time now."""
     return {"batch_id": batch_id, **more, "now_ms": int(time.time() * 1000)}
@@ -239,6 +236,7 @@ def start_stream(
     input_format: str | None = None,
     jdbc_url: str | None = None,
     quiet: bool = True,
+    drop_incompatible_state: bool = False,
 ) -> StreamingQuery:
     """Start the delayed operations of a streaming ``records`` frame; return its query.
 
@@ -262,6 +260,12 @@ def start_stream(
     raises :class:`CheckpointInUse`). ``trigger`` is ``"once"``,
     ``"available-now"``, ``"interval=30s"`` or None (Spark's default).
     ``read_stream_outputs`` reads the results with the pending operations.
+
+    On a checkpoint that holds state, the rules are first compared with those
+    it recorded (:mod:`.evolution`): a change its state cannot follow raises
+    :class:`~.evolution.RulesChangeRefused` before the query starts, unless
+    ``drop_incompatible_state`` drops what the old rules left; a checkpoint in
+    a newer state format than this release reads raises :class:`StreamError`.
     """
     from ..sinks import as_sink, make_sink
 
@@ -283,6 +287,12 @@ def start_stream(
     )
     _, store, lock = _checkpoint_root(checkpoint, spark)
     try:
+        check_workers(spark)  # before the query: a failure in a micro-batch is a long trace
+        store.check_format()
+        adjustment = check_rules_change(
+            store, rules, spark, input_format=input_format,
+            drop_incompatible_state=drop_incompatible_state, say=lambda m: _log(quiet, m),
+        )  # fmt: skip
         batch_sink = (
             as_sink(sink)
             if not isinstance(sink, str)
@@ -290,8 +300,10 @@ def start_stream(
         )
 
         def process(frame: DataFrame, batch_id: int) -> tuple[Mapping[str, Any], dict[str, Any]]:
-            batch = MicroBatchInput(frame, _plan(store, batch_id))
-            return batch.plan, MicroBatch(rules, store, batch_sink, options, batch).run()
+            plan = store.plan(batch_id, lambda: _new_plan(batch_id, input_format=input_format))
+            batch = MicroBatchInput(frame, plan)
+            micro_batch = MicroBatch(rules, store, batch_sink, options, batch, adjustment)
+            return batch.plan, micro_batch.run()
 
         runner = BatchRunner(store, batch_sink, process, quiet=quiet)
         writer = records.writeStream.foreachBatch(runner).option(
@@ -357,6 +369,8 @@ class StreamConfig:
     driver_memory: str | None = None  # default: spark.session.default_driver_memory()
     jit: str = "auto"  # auto | c1 | c2: see StreamJob.quick_jit
     quiet: bool = False
+    # Go on past a rules change the state cannot follow, dropping what it concerns.
+    drop_incompatible_state: bool = False
 
 
 class StreamJob:
@@ -397,6 +411,7 @@ class StreamJob:
         self._file_log: FileLog | None = None  # the source's file log, read in the driver
         self.sink: BatchSink | None = None
         self.options: StepOptions | None = None
+        self._adjustment: StateAdjustment | None = None
 
     def _open_checkpoint(self, spark: SparkSession | None) -> None:
         """Take the checkpoint (refused if a job holds it); a URI one through ``spark``."""
@@ -539,7 +554,9 @@ class StreamJob:
         """
 
         def new_plan() -> dict[str, Any]:
-            return _new_plan(batch_id, files=self._files(files_df, batch_id))
+            files = self._files(files_df, batch_id)
+            return _new_plan(batch_id, files=files, input=absolute(self.config.input),
+                             input_format=self.input_format)  # fmt: skip
 
         self._batch_session(files_df.sparkSession)
         plan = self.store.plan(batch_id, new_plan)
@@ -568,7 +585,9 @@ class StreamJob:
         """Compute and commit micro-batch ``batch_id`` from its plan's files; its counts."""
         assert self.sink is not None and self.options is not None
         batch = self._files_input(plan)
-        return MicroBatch(self.rules, self.store, self.sink, self.options, batch).run()
+        return MicroBatch(
+            self.rules, self.store, self.sink, self.options, batch, self._adjustment
+        ).run()
 
     def _files_input(self, plan: Mapping[str, Any]) -> MicroBatchInput:
         """The plan's files as the micro-batch's records, refused files and heartbeats."""
@@ -632,6 +651,17 @@ class StreamJob:
         spark = self._session()
         if self._lock is None:
             self._open_checkpoint(spark)
+        config = self.config
+        try:
+            check_workers(spark)
+        except WorkersError as exc:
+            raise StreamError(str(exc)) from None
+        self.store.check_format()
+        self._adjustment = check_rules_change(
+            self.store, self.rules, spark, input_format=self.input_format,
+            drop_incompatible_state=config.drop_incompatible_state,
+            say=lambda m: _log(config.quiet, m),
+        )  # fmt: skip
         before = self.store.committed()
         jvm_pid = None
         if is_classic(spark):  # a Connect client has no JVM of its own to wait for
@@ -641,7 +671,6 @@ class StreamJob:
                 jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
         assert self._lock is not None
         self._lock.write_owner(jvm_pid)
-        config = self.config
         self.sink = make_sink(config.sink, config.output, spark, url=config.jdbc_url)
         _log(config.quiet, f"rules {self.rules.names}, input {config.input} ({self.input_format}),"
              f" sink {self.sink.describe()}, checkpoint {self.checkpoint}")  # fmt: skip

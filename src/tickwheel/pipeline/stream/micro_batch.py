@@ -22,6 +22,7 @@ from ..spark.outputs import OPS_COLUMNS
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from ..storage import join
 from .checkpoint import StateStore, fault
+from .evolution import StateAdjustment, rules_record
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -54,14 +55,22 @@ class MicroBatch:
         sink: BatchSink,
         options: StepOptions,
         batch: MicroBatchInput,
+        adjustment: StateAdjustment | None = None,
     ) -> None:
-        """O(1): nothing is read until :meth:`run`."""
+        """O(1): nothing is read until :meth:`run`.
+
+        ``adjustment`` (:func:`.evolution.check_rules_change`) says what to drop
+        from the state of the batch it names, when this batch carries that one.
+        """
         self.rules, self.store, self.sink, self.batch = rules, store, sink, batch
         self.batch_id = int(batch.plan["batch_id"])
         self.options = options
         self.spark = batch.records.sparkSession
         self.previous = store.latest_before(self.batch_id)
         self.meta: dict[str, Any] = store.meta(self.previous) if self.previous is not None else {}
+        self.adjustment = (
+            adjustment if adjustment is not None and adjustment.after == self.previous else None
+        )
 
     def carried_state(self) -> CarriedState:
         """The state the latest committed batch left (nothing before the first). Lazy."""
@@ -72,6 +81,9 @@ class MicroBatch:
                 f"{sql_name(c)} {'bigint' if c in longs else 'string'}" for c in columns
             )
 
+        adjustment = self.adjustment
+        if adjustment is not None and adjustment.everything:
+            return CarriedState(None, None)  # as a new checkpoint would start
         keys = [f"k_{k}" for k in self.rules.key_fields]
         events_schema, ops_schema = ddl([*EVENT_STATE_COLUMNS, *keys]), ddl(OPS_COLUMNS)
         # The schemas are known: giving them spares Spark a job reading the footers.
@@ -80,10 +92,15 @@ class MicroBatch:
             for name, schema in (("events", events_schema), ("ops", ops_schema))
             if (path := self._previous_path(name)) is not None
         }
+        rows = self.meta.get("state_rows")  # older states lack it
+        ops = frames.get("ops")
+        if adjustment is not None and adjustment.rules and ops is not None:
+            from pyspark.sql import functions as F
+
+            ops, rows = ops.where(~F.col("rule").isin(sorted(adjustment.rules))), None
         return CarriedState(
-            self.meta.get("watermark"), self.meta.get("max_time"), frames.get("events"),
-            frames.get("ops"), self.meta.get("state_rows"),  # older states lack it
-        )  # fmt: skip
+            self.meta.get("watermark"), self.meta.get("max_time"), frames.get("events"), ops, rows
+        )
 
     def _previous_path(self, name: str) -> str | None:
         if self.previous is None:
@@ -144,6 +161,9 @@ class MicroBatch:
                 "new_min_time": counts.min_time,
                 "new_max_time": counts.max_time,
                 "files": self.batch.plan.get("files"),
+                "rules": rules_record(self.rules),  # what a restart compares its rules with
+                "input": self.batch.plan.get("input"),
+                "input_format": self.batch.plan.get("input_format"),  # older plans lack it
                 "purgatory_partitions": step.placement.partitions,
                 "written_by": "driver" if step.placement.small else "spark",
                 "counts": reported,

@@ -1,0 +1,68 @@
+"""This release goes on from a checkpoint of every state format it claims to read.
+
+``fixtures/checkpoint-format-N/`` is a stream checkpoint that a release
+writing format ``N`` left after two micro-batches (``make_checkpoint_fixture.py``
+writes one). The test copies it, adds the third input file, and runs the
+stream with this release: one more batch, and the outputs of all three equal
+the reference's. A release that changes the format keeps the fixtures of the
+formats before it, so this test shows that it reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stream_support import compare_with_reference
+
+from support.reference import iter_input_lines, run_reference
+from tickwheel.pipeline.rules import load_rules
+from tickwheel.pipeline.sinks import ParquetSink
+from tickwheel.pipeline.stream.checkpoint import STATE_FORMAT
+from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
+
+pytestmark = pytest.mark.spark
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("checkpoint-format-*"))
+
+
+def test_this_releases_format_has_a_fixture() -> None:
+    assert [f.name for f in FIXTURES][-1] == f"checkpoint-format-{STATE_FORMAT}"
+
+
+def _moved(copy: Path) -> None:
+    """Point the copy's logged paths (the file log, the plans) at its own input."""
+    origin = (copy / "origin.txt").read_text(encoding="utf-8").strip()
+    here = str(copy / "in")
+    root = copy / "ck" / "tickwheel"
+    for path in [root / "files.log", *(root / "plans").glob("*.json")]:
+        text = path.read_text(encoding="utf-8").replace(json.dumps(origin)[1:-1], here)
+        path.unlink()
+        path.write_text(text, encoding="utf-8")
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.name for f in FIXTURES])
+def test_this_release_goes_on_from_a_kept_checkpoint(
+    spark: Any, tmp_path: Path, fixture: Path
+) -> None:
+    copy = tmp_path / fixture.name
+    shutil.copytree(fixture, copy)
+    _moved(copy)
+    commits = sorted((copy / "ck" / "tickwheel" / "commits").glob("*.json"))
+    written = json.loads(commits[-1].read_text(encoding="utf-8"))
+    assert written.get("format", 1) == int(fixture.name.rsplit("-", 1)[1])
+    shutil.copy(copy / "in-2.jsonl", copy / "in" / "2.jsonl")
+    config = StreamConfig(
+        rules_path=str(copy / "rules.toml"), input=str(copy / "in"), output=str(copy / "out"),
+        checkpoint=str(copy / "ck"), max_files_per_trigger=1, partitions=1, quiet=True,
+    )  # fmt: skip
+    with StreamJob(config, spark=spark) as job:
+        summary = job.run()
+    assert summary["batches_run"] == 1, summary
+    lines = [line for i in range(3) for line in iter_input_lines(copy / f"in-{i}.jsonl")]
+    ref = run_reference(lines, load_rules(copy / "rules.toml"))
+    sink = ParquetSink(str(copy / "out"))
+    compare_with_reference(read_stream_outputs(spark, sink, str(copy / "ck")), ref)
