@@ -55,6 +55,8 @@ FAULT_ENV = "TICKWHEEL_FAULT"
 FAULT_LOG_ENV = "TICKWHEEL_FAULT_LOG"
 #: Seconds between an owner's heartbeats on a URI checkpoint (default 10).
 HEARTBEAT_ENV = "TICKWHEEL_OWNER_HEARTBEAT_S"
+#: Heartbeats an owner on another host may miss before it counts as gone.
+MISSED_BEATS = 3
 #: Where ``TICKWHEEL_FAULT=POINT:BATCH`` can kill the driver, in batch order.
 FAULT_POINTS = (
     "batch_start",  # before anything of the batch is written
@@ -209,9 +211,9 @@ class CheckpointOwner:
     def _alive(self, token: int, info: Mapping[str, Any] | None) -> bool:
         """Whether the owner with ``token`` (on a URI) still runs."""
         if info and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            return _pid_alive(int(info["pid"]))
+            return pid_alive(int(info["pid"]))
         beats = {n for n in self.storage.list_names(self.owners) if n.startswith(f"{token}.alive")}
-        deadline = time.monotonic() + 3 * _heartbeat_seconds()
+        deadline = time.monotonic() + MISSED_BEATS * _heartbeat_seconds()
         while time.monotonic() < deadline:
             time.sleep(min(1.0, _heartbeat_seconds()))
             names = set(self.storage.list_names(self.owners))
@@ -293,7 +295,8 @@ def _heartbeat_seconds() -> float:
     return float(os.environ.get(HEARTBEAT_ENV) or 10)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one we may not signal counts). O(1)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

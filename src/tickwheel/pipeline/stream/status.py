@@ -31,16 +31,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from ..storage import Storage, StorageError, absolute, is_uri, join, read_json, storage_for
-from .checkpoint import HEARTBEAT_ENV, StateStore, StreamError
+from .checkpoint import HEARTBEAT_ENV, MISSED_BEATS, StateStore, StreamError, pid_alive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["checkpoint_status", "render_status"]
-
-#: Heartbeats an owner on another host may miss before it counts as gone
-#: (:meth:`~.checkpoint.CheckpointOwner.acquire` waits as many).
-MISSED_BEATS = 3
 
 
 def checkpoint_status(
@@ -474,7 +470,7 @@ def _uri_holder(
         return False, "released"
     pid = info.get("pid")
     if info.get("host") == socket.gethostname() and isinstance(pid, int):
-        alive = _pid_alive(pid)
+        alive = pid_alive(pid)
         return alive, f"process {pid} on this host is {'running' if alive else 'gone'}"
     beat_s = float(os.environ.get(HEARTBEAT_ENV) or 10)
     signs = [
@@ -487,16 +483,6 @@ def _uri_holder(
     age = now - max(signs)
     alive = age < MISSED_BEATS * beat_s * 1000
     return alive, f"last heartbeat {_duration(age)} ago (every {beat_s:g}s)"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the report -------------------------------------------------------------------
