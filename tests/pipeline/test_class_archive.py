@@ -6,7 +6,6 @@ processes, about 30 s) and runs the CLI on it in a fresh JVM.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -154,18 +153,8 @@ def test_a_recorded_archive_is_checked_installed_and_used_by_the_cli(
     cli = [sys.executable, "-m", "tickwheel._cli", "pipeline"]
     subprocess.run([*cli, "generate", "--orders", "500", "--out", str(tmp_path / "in")],
                    check=True, capture_output=True, env=env, timeout=120)  # fmt: skip
-    run = subprocess.run(
-        [*cli, "run", "--rules", str(EXAMPLE), "--input", str(tmp_path / "in"),
-         "--output", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "; class archive)" in run.stdout.splitlines()[0]
-    assert UNUSABLE not in run.stdout + run.stderr
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
-    assert summary["counts"]["records"] > 500
-
-    # The stream's JVM puts the JDBC jars first on its class path: the archive must fit it too.
+    # The stream's JVM puts the JDBC jars first on its class path: the archive must fit it
+    # too. (The recording itself was a batch run.)
     stream = subprocess.run(
         [*cli, "stream", "--rules", str(EXAMPLE), "--input", str(tmp_path / "in"),
          "--output", str(tmp_path / "stream-out"), "--checkpoint", str(tmp_path / "ck"),

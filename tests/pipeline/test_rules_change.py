@@ -226,19 +226,16 @@ def test_a_removed_rule_without_pending_operations_applies(spark: Any, tmp_path:
     assert stream.run(rules_text())["batches_run"] == 1
 
 
-def test_the_cli_refuses_in_one_message(tmp_path: Path) -> None:
+def test_the_cli_refuses_in_one_message(spark: Any, tmp_path: Path) -> None:
     """``pipeline stream`` on a renamed rule: exit 2, one line of error, no traceback."""
-    inp, ck, out = tmp_path / "in", tmp_path / "ck", tmp_path / "out"
-    inp.mkdir()
-    (inp / "001.jsonl").write_text(event("a1", "created", "A", 0) + "\n")
-    rules = tmp_path / "rules.toml"
-    args = [sys.executable, "-m", "tickwheel._cli", "pipeline", "stream", "--rules", str(rules),
-            "--input", str(inp), "--output", str(out), "--checkpoint", str(ck)]  # fmt: skip
-    rules.write_text(rules_text())
-    first = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True,
-                           timeout=300, check=False)  # fmt: skip
-    assert first.returncode == 0, first.stderr[-3000:]
+    stream = Stream(spark, tmp_path)
+    stream.add(event("a1", "created", "A", 0))
+    stream.run(rules_text())
+    rules = tmp_path / "renamed.toml"
     rules.write_text(rules_text(name="pay"))
+    args = [sys.executable, "-m", "tickwheel._cli", "pipeline", "stream", "--rules", str(rules),
+            "--input", str(stream.inp), "--output", str(tmp_path / "out"),
+            "--checkpoint", str(tmp_path / "ck")]  # fmt: skip
     proc = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True,
                           timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]

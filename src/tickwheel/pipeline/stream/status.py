@@ -536,7 +536,8 @@ def render_status(status: Mapping[str, Any]) -> str:
         line("watermark", "none yet")
     else:
         line("watermark", f"{_when(wm)} ({_duration(status['watermark_lag_ms'])} behind now)")
-    line("rules", _rules_text(status.get("rules")))
+    if status.get("last_batch") is not None:  # a commit records them
+        line("rules", _rules_text(status.get("rules")))
     if status.get("format") is not None or status.get("tickwheel") is not None:
         made = [f"state format {status['format']}"] if status.get("format") is not None else []
         if status.get("tickwheel") is not None:
