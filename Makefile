@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-pythons lint typecheck class-archive pytest bench bench-floors system-deps clean
+.PHONY: demo test test-pythons lint typecheck class-archive pytest pytest-pure pytest-spark bench bench-floors system-deps clean
 
 # The install builds the compiled core (src/tickwheel/_speedups.pyx, which includes
 # one twin per pure module from src/tickwheel/_twins/, and src/tickwheel/pipeline/_loop.pyx)
@@ -44,36 +44,49 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
 # The whole suite on the compiled core (with the benchmarks' compiled floors, which
-# the benchmark tests run), then the pipeline tests marked `connect` again on Spark
-# Connect sessions (PySpark's functions follow one session kind per process, so they
-# run in processes of their own: tests/pipeline/conftest.py), then the library's
-# suite (all but the Spark tests) again on the pure-Python path; the packaging test builds from source whichever path runs,
-# so it runs once. TICKWHEEL_NO_EXTENSIONS=1 runs only the pure path, for a machine
-# without a C compiler.
+# the benchmark tests run), and beside it the pipeline tests marked `connect` again on
+# Spark Connect sessions (PySpark's functions follow one session kind per process, so
+# they run in processes of their own: tests/pipeline/conftest.py; their output is
+# shown once both are done); and the library's suite (all but the Spark tests) on the
+# pure-Python path. The packaging test builds from source whichever path runs, so it
+# runs once. TICKWHEEL_NO_EXTENSIONS=1 runs only the pure path, for a machine without
+# a C compiler.
 #
 # The tests run in PYTEST_WORKERS processes (pytest-xdist; each Spark one has its own
 # local[2] session): most of the Spark tests' time is spent starting child JVMs, which
 # two workers overlap on two cores (the suite took 12.3 min in one process, 10.0 in two).
 PYTEST_WORKERS ?= 2
-pytest: $(STAMP) system-deps
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS)
+CONNECT_LOG := $(VENV)/connect-pass.log
+
+pytest: pytest-pure pytest-spark
+
+pytest-pure: $(STAMP)
+	TICKWHEEL_NO_EXTENSIONS=1 $(PYTEST) tests --ignore=tests/pipeline --ignore=tests/test_packaging.py
+
+pytest-spark: $(STAMP) system-deps
 ifeq ($(TICKWHEEL_NO_EXTENSIONS),)
 	@$(BIN)/python -c 'import sys, tickwheel; sys.exit(0 if tickwheel.COMPILED else "make test: the compiled core was not built; see the install output, or set TICKWHEEL_NO_EXTENSIONS=1 to test the pure path only")'
 	$(BIN)/python benchmarks/setup_floors.py
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
-	TICKWHEEL_TEST_SESSION=connect $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m connect \
-		tests/pipeline
+	@TICKWHEEL_TEST_SESSION=connect $(PYTEST) -m connect tests/pipeline >$(CONNECT_LOG) 2>&1 & \
+	connect=$$!; \
+	echo "$(PYTEST)  (and beside it: TICKWHEEL_TEST_SESSION=connect $(PYTEST) -m connect tests/pipeline)"; \
+	$(PYTEST); compiled=$$?; \
+	wait $$connect; on_connect=$$?; \
+	echo "== the pipeline tests on Spark Connect sessions (TICKWHEEL_TEST_SESSION=connect):"; \
+	cat $(CONNECT_LOG); \
+	test $$compiled -eq 0 && test $$on_connect -eq 0
 endif
-	TICKWHEEL_NO_EXTENSIONS=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests \
-		--ignore=tests/pipeline --ignore=tests/test_packaging.py
 
 # The JVM's class archive (`pipeline prepare`, which `make demo` runs too) is recorded
-# beside the lint, the type check and the benchmarks' compiled floors (which `pytest`
-# then finds built): the suite's JVMs on a local master then start
-# about 4 s sooner each (a small `pipeline stream` took 8.6 s instead of 12.4 s here).
-# Like the demo, the suite goes on without it if it cannot be made.
+# beside the library's pure-path suite, the lint, the type check and the benchmarks'
+# compiled floors (which `pytest-spark` then finds built): the suite's JVMs on a local
+# master then start about 4 s sooner each (a small `pipeline stream` took 8.6 s instead
+# of 12.4 s here). Like the demo, the suite goes on without it if it cannot be made.
 test: $(STAMP) system-deps
-	@$(MAKE) --no-print-directory -j2 lint typecheck class-archive bench-floors
-	@$(MAKE) --no-print-directory pytest
+	@$(MAKE) --no-print-directory -j2 --output-sync=target class-archive pytest-pure lint \
+		typecheck bench-floors
+	@$(MAKE) --no-print-directory pytest-spark
 
 class-archive: $(STAMP) system-deps
 	-$(BIN)/tickwheel pipeline prepare
