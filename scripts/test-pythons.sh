@@ -29,16 +29,33 @@ else
     done
 fi
 
-# Install and test one interpreter (its venv, the test extra, the library suite);
-# the caller captures its output.
+# `--install-only`: build the environments and stop (.ci/run does it while `make test`
+# runs); a later run finds them installed (a stamp newer than the project's build files).
+install_only=0 suffix=""
+if [ "${1:-}" = "--install-only" ]; then
+    install_only=1 suffix="-install"
+fi
+
+# Install (unless done) and test one interpreter (its venv, the test extra, the library
+# suite); the caller captures its output.
 test_one() {
     local py=$1 version=$2 venv=".venvs/$2" started=$SECONDS
     echo "== CPython $version ($py)"
     if [ ! -x "$venv/bin/python" ]; then
         "$py" -m venv "$venv"
     fi
-    "$venv/bin/python" -m pip install --quiet --upgrade pip
-    "$venv/bin/python" -m pip install --quiet -e '.[test]'
+    local stamp="$venv/.installed-stamp" newer
+    newer=$(find pyproject.toml setup.py src -newer "$stamp" \( -name '*.py' -o -name '*.px[di]' \
+        -o -name '*.pyx' -o -name '*.toml' \) -print -quit 2>/dev/null || echo missing)
+    if [ ! -f "$stamp" ] || [ -n "$newer" ]; then
+        "$venv/bin/python" -m pip install --quiet --upgrade pip
+        "$venv/bin/python" -m pip install --quiet -e '.[test]'
+        touch "$stamp"
+    fi
+    if [ "$install_only" = 1 ]; then
+        echo "== CPython $version: installed in $((SECONDS - started)) s"
+        return 0
+    fi
     local rc=0
     "$venv/bin/python" -m pytest -n "${PYTEST_WORKERS:-2}" --ignore=tests/pipeline -p no:cacheprovider -q || rc=$?
     echo "== CPython $version: $((SECONDS - started)) s (install and tests)"
@@ -61,7 +78,7 @@ for py in "${candidates[@]}"; do
     case "$seen" in *" $version "*) continue ;; esac
     seen+="$version "
     ran=$((ran + 1))
-    test_one "$py" "$version" >".venvs/$version.log" 2>&1 &
+    test_one "$py" "$version" >".venvs/$version$suffix.log" 2>&1 &
     pids+=($!)
     versions+=("$version")
 done
@@ -69,7 +86,7 @@ for i in "${!pids[@]}"; do
     if ! wait "${pids[$i]}"; then
         failed+=("${versions[$i]}")
     fi
-    cat ".venvs/${versions[$i]}.log"
+    cat ".venvs/${versions[$i]}$suffix.log"
 done
 
 for claimed in $(grep -o 'Python :: 3\.[0-9]*"' pyproject.toml | grep -o '3\.[0-9]*'); do
@@ -85,4 +102,8 @@ if [ ${#failed[@]} -gt 0 ]; then
     echo "test-pythons: failed on ${failed[*]}" >&2
     exit 1
 fi
-echo "test-pythons: passed on${seen% }"
+if [ "$install_only" = 1 ]; then
+    echo "test-pythons: installed for${seen% }"
+else
+    echo "test-pythons: passed on${seen% }"
+fi

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.client
 import json
 import os
 import shutil
@@ -68,7 +69,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -478,9 +478,19 @@ class StandaloneCluster:
     # -- state -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The master's state, from its web UI's ``/json/``: workers, applications."""
-        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no http_proxy
-        with direct.open(f"{self.webui_url}/json/", timeout=5) as response:
-            state: dict[str, Any] = json.load(response)
+        # http.client, closed on every path: a urllib request that fails mid-response
+        # leaves its socket to the garbage collector (a ResourceWarning, under load).
+        connection = http.client.HTTPConnection(MASTER_HOST, self.webui_port, timeout=5)
+        try:
+            connection.request("GET", "/json/")
+            response = connection.getresponse()
+            if response.status != 200:
+                raise OSError(f"the master's web UI answered {response.status}")
+            state: dict[str, Any] = json.loads(response.read())
+        except http.client.HTTPException as exc:
+            raise OSError(f"the master's web UI: {exc!r}") from None
+        finally:
+            connection.close()
         return state
 
     @staticmethod
@@ -503,7 +513,7 @@ class StandaloneCluster:
             try:
                 state = self.state()
             except OSError as exc:
-                last = exc
+                last = repr(exc)  # not the exception: its frames hold the connection
             else:
                 if ready(state):
                     return state
