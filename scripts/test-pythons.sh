@@ -29,8 +29,9 @@ else
     done
 fi
 
-# `--install-only`: build the environments and stop (.ci/run does it while `make test`
-# runs); a later run finds them installed (a stamp newer than the project's build files).
+# `--install-only`: build the environments and stop; a later run finds them installed (a
+# stamp newer than the project's build files). (Building them while `make test` ran made
+# CI slower here: 957 s against 953 s, its compiled pass 790 s against 710 s.)
 install_only=0 suffix=""
 if [ "${1:-}" = "--install-only" ]; then
     install_only=1 suffix="-install"
