@@ -254,6 +254,24 @@ def test_stream_job_at_uris(
     assert list(empty_cwd.iterdir()) == []
 
 
+@pytest.mark.slow
+def test_stream_job_with_a_local_input_and_a_uri_checkpoint(
+    spark: Any, viewfs: ViewFs, orders: dict[str, Any], tmp_path: Path
+) -> None:
+    """A local ``--input`` with a URI checkpoint: Spark's file source names the files
+    ``file:/...``, which the job reads as local paths: the reference's rows."""
+    feed(orders["files"], tmp_path / "local-in", 3)
+    config = StreamConfig(
+        rules_path=str(orders["rules"]), input=str(tmp_path / "local-in"),
+        output=viewfs.uri("out"), checkpoint=viewfs.uri("ck"), partitions=2, quiet=True,
+    )  # fmt: skip
+    with StreamJob(config, spark=spark) as job:
+        assert not job.ordered_source
+        assert job.run()["batches_run"] == 1
+    sink = ParquetSink(viewfs.uri("out"), spark)
+    compare_with_reference(read_stream_outputs(spark, sink, viewfs.uri("ck")), orders["ref"])
+
+
 def test_stream_job_refuses_a_missing_uri_input(spark: Any, viewfs: ViewFs, tmp_path: Path) -> None:
     """An ``--input`` URI that names nothing is refused, naming it, before a batch runs."""
     rules = write_rules(tmp_path / "rules.toml")

@@ -196,6 +196,15 @@ class BatchRunner:
         return summary
 
 
+def _local_path(path: str) -> str:
+    """``path`` as a local path: a ``file:`` URI's path (decoded), else unchanged. O(len)."""
+    if not path.startswith("file:"):
+        return path
+    from urllib.parse import unquote, urlparse
+
+    return unquote(urlparse(path).path)
+
+
 def _new_plan(batch_id: int, **more: Any) -> dict[str, Any]:
     """A new write-ahead plan: the batch id, ``more``, and the processing time now."""
     return {"batch_id": batch_id, **more, "now_ms": int(time.time() * 1000)}
@@ -595,8 +604,8 @@ class StreamJob:
 
         spark = self._batch_session()
         files, storage = list(plan["files"]), self._storage_of_input()
-        if self.ordered_source:  # plans of older releases may name file: URIs
-            files = [p[len("file:") :] if p.startswith("file:") else p for p in files]
+        if not is_uri(self.config.input):  # Spark's file source, and older plans: file:/...
+            files = [_local_path(p) for p in files]
         markers = [p for p in files if p.endswith(HEARTBEAT_SUFFIX) and storage.exists(p)]
         times, refused = read_heartbeats(markers, self.rules, storage)
         records, unread = read_files(
