@@ -232,6 +232,27 @@ def _checkpoint_root(
     return root, StateStore(root, storage, owner), owner
 
 
+def _before_first_batch(
+    spark: SparkSession,
+    store: StateStore,
+    rules: Rules,
+    *,
+    input_format: str | None,
+    drop_incompatible_state: bool,
+    quiet: bool,
+) -> StateAdjustment | None:
+    """What both drivers check before their query starts (a failure inside a micro-batch
+    is a long trace): the workers run this tickwheel, the state's format is one this
+    release reads, and the rules' changes apply (:mod:`.evolution`). Returns what the
+    first batch drops from the state."""
+    check_workers(spark)
+    store.check_format()
+    return check_rules_change(
+        store, rules, spark, input_format=input_format,
+        drop_incompatible_state=drop_incompatible_state, say=lambda m: _log(quiet, m),
+    )  # fmt: skip
+
+
 def start_stream(
     records: DataFrame,
     rules: Rules | str | os.PathLike[str],
@@ -296,11 +317,9 @@ def start_stream(
     )
     _, store, lock = _checkpoint_root(checkpoint, spark)
     try:
-        check_workers(spark)  # before the query: a failure in a micro-batch is a long trace
-        store.check_format()
-        adjustment = check_rules_change(
-            store, rules, spark, input_format=input_format,
-            drop_incompatible_state=drop_incompatible_state, say=lambda m: _log(quiet, m),
+        adjustment = _before_first_batch(
+            spark, store, rules, input_format=input_format,
+            drop_incompatible_state=drop_incompatible_state, quiet=quiet,
         )  # fmt: skip
         batch_sink = (
             as_sink(sink)
@@ -662,15 +681,12 @@ class StreamJob:
             self._open_checkpoint(spark)
         config = self.config
         try:
-            check_workers(spark)
+            self._adjustment = _before_first_batch(
+                spark, self.store, self.rules, input_format=self.input_format,
+                drop_incompatible_state=config.drop_incompatible_state, quiet=config.quiet,
+            )  # fmt: skip
         except WorkersError as exc:
             raise StreamError(str(exc)) from None
-        self.store.check_format()
-        self._adjustment = check_rules_change(
-            self.store, self.rules, spark, input_format=self.input_format,
-            drop_incompatible_state=config.drop_incompatible_state,
-            say=lambda m: _log(config.quiet, m),
-        )  # fmt: skip
         before = self.store.committed()
         jvm_pid = None
         if is_classic(spark):  # a Connect client has no JVM of its own to wait for
