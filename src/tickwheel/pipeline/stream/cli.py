@@ -62,6 +62,26 @@ def add_stream_arguments(parser: Any) -> None:
         "--max-files-per-trigger", type=int, help="at most this many new files per micro-batch"
     )
     parser.add_argument(
+        "--clean-source",
+        choices=("off", "archive", "delete"),
+        default="off",
+        help="what becomes of an input file once its micro-batch is committed, as Spark's "
+        "cleanSource: off (default), archive (moved under --source-archive-dir, at its "
+        "absolute path) or delete",
+    )
+    parser.add_argument(
+        "--source-archive-dir",
+        metavar="DIR",
+        help="with --clean-source archive: where the files go (not inside --input)",
+    )
+    parser.add_argument(
+        "--max-file-age",
+        metavar="DURATION",
+        help="ignore files older than the newest file seen minus this ('7d', '12h', '30m'), "
+        "as Spark's maxFileAge (default: no limit; Spark's own file source, used for a URI "
+        "input or checkpoint, then keeps its 7d)",
+    )
+    parser.add_argument(
         "--max-future",
         default="1d",
         help="reject events stamped more than this after processing time as far_future "
@@ -109,6 +129,9 @@ def run_stream_command(args: Any) -> int:
             input_format=args.input_format,
             partitions=args.partitions,
             max_files_per_trigger=args.max_files_per_trigger,
+            clean_source=args.clean_source,
+            source_archive_dir=args.source_archive_dir,
+            max_file_age=args.max_file_age,
             max_future_ms=max_future,
             master=args.master,
             remote=args.remote,

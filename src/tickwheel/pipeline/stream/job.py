@@ -205,6 +205,62 @@ def _local_path(path: str) -> str:
     return unquote(urlparse(path).path)
 
 
+def _within(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or under it; local paths compared with their
+    links resolved, as the files would be reached. O(len)."""
+    path, directory = _local_path(path), _local_path(directory)
+    if is_uri(path) or is_uri(directory):
+        return (path.rstrip("/") + "/").startswith(directory.rstrip("/") + "/")
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory
+
+
+def _source_archive_dir(config: StreamConfig) -> str | None:
+    """``--source-archive-dir`` made absolute, once the clean-source options agree. O(1).
+
+    ``archive`` needs the directory and ``off``/``delete`` take none; it must
+    not be inside the input, where the archived files would be listed again
+    (Spark's file source refuses that too).
+    """
+    from .file_source import CLEAN_SOURCE_MODES
+
+    mode, archive = config.clean_source, config.source_archive_dir
+    if mode not in CLEAN_SOURCE_MODES:
+        raise StreamError(f"--clean-source: expected off, archive or delete, got {mode!r}")
+    if mode != "archive":
+        if archive is not None:
+            raise StreamError(
+                f"--source-archive-dir is for --clean-source archive (here {mode}): "
+                "drop it, or archive"
+            )
+        return None
+    if not archive:
+        raise StreamError("--clean-source archive needs --source-archive-dir, the directory "
+                          "the committed files move to")  # fmt: skip
+    archive = absolute(archive)
+    if _within(archive, absolute(config.input)):
+        raise StreamError(
+            f"--source-archive-dir {archive} is inside --input {config.input}: the archived "
+            "files would be taken again"
+        )
+    return archive
+
+
+def _max_file_age_ms(text: str | None) -> int | None:
+    """``--max-file-age`` (a duration: ``7d``, ``12h``, ``30m``) in ms; None: no limit. O(1)."""
+    from ..rules import RulesError, parse_duration
+
+    if text is None:
+        return None
+    try:
+        age = parse_duration(text, "--max-file-age")
+    except RulesError as exc:
+        raise StreamError(str(exc)) from None
+    if age <= 0:
+        raise StreamError(f"--max-file-age must be positive, got {text!r}")
+    return age
+
+
 def _new_plan(batch_id: int, **more: Any) -> dict[str, Any]:
     """A new write-ahead plan: the batch id, ``more``, and the processing time now."""
     return {"batch_id": batch_id, **more, "now_ms": int(time.time() * 1000)}
@@ -399,6 +455,13 @@ class StreamConfig:
     quiet: bool = False
     # Go on past a rules change the state cannot follow, dropping what it concerns.
     drop_incompatible_state: bool = False
+    # Spark's file source options: what becomes of a file once its batch is
+    # committed (off | archive | delete; archive moves it to source_archive_dir),
+    # and the age (a duration: "7d") past which a listing ignores a file, relative
+    # to the newest file seen (None: no limit, where Spark's default is 7 days).
+    clean_source: str = "off"
+    source_archive_dir: str | None = None
+    max_file_age: str | None = None
 
 
 class StreamJob:
@@ -426,6 +489,8 @@ class StreamJob:
         self.ordered_source = not is_uri(config.input) and not is_uri(config.checkpoint)
         if not is_uri(config.input) and not os.path.isdir(config.input):
             raise StreamError(f"--input {config.input}: not a directory")
+        self.source_archive_dir = _source_archive_dir(config)
+        self.max_file_age_ms = _max_file_age_ms(config.max_file_age)
         self.checkpoint = absolute(config.checkpoint)
         self.root = join(self.checkpoint, "tickwheel")
         self._lock: CheckpointOwner | None = None
@@ -484,15 +549,15 @@ class StreamJob:
         (a URI), whose new files are known only once the JVM is up.
         """
         from ..spark.session import quick_jit_for
-        from .file_source import FileLog, list_new_files
+        from .file_source import FileLog
 
         if self.config.jit != "auto":
             return self.config.jit == "c1"
         if parse_trigger(self.config.trigger)[0] == "interval" or not self.ordered_source:
             return False  # unbounded, or new files known only once Spark lists them
-        taken = set(FileLog(self._file_log_path, repair=False).paths)
+        log = FileLog(self._file_log_path, repair=False, max_file_age_ns=self._max_file_age_ns())
         new_bytes = 0
-        for path in list_new_files(self.config.input, taken):
+        for path, _mtime in log.new_files(self.config.input):
             with contextlib.suppress(FileNotFoundError):  # removed since listed
                 new_bytes += os.path.getsize(path)
         return quick_jit_for(self.config.master or "local[2]", new_bytes)
@@ -650,15 +715,13 @@ class StreamJob:
         """The query's streaming frame of new files: the ordered source, else Spark's own."""
         from .file_source import BINARY_FILE_SCHEMA, SOURCE_NAME, OrderedFileSource
 
-        limit = self.config.max_files_per_trigger
+        options = self._source_options()
         if self.ordered_source:
             # Spark's own file source orders files by modification time only; this
             # one by (modification time, name), logged in the checkpoint.
             spark.dataSource.register(OrderedFileSource)
             reader = spark.readStream.format(SOURCE_NAME).option("log", self._file_log_path)
-            if limit:
-                reader = reader.option("maxFilesPerTrigger", str(limit))
-            return reader.load(os.path.abspath(self.config.input))
+            return reader.options(**options).load(os.path.abspath(self.config.input))
         try:
             found = storage_for(self.config.input, spark).exists(self.config.input)
         except StorageError as exc:
@@ -667,9 +730,27 @@ class StreamJob:
             raise StreamError(f"--input {self.config.input}: not found")
         # binaryFile's rows without their content column: Spark reads no bytes.
         reader = spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA)
-        if limit:
-            reader = reader.option("maxFilesPerTrigger", str(limit))
-        return reader.load(self.config.input).select("path", "modificationTime")
+        return reader.options(**options).load(self.config.input).select("path", "modificationTime")
+
+    def _source_options(self) -> dict[str, str]:
+        """The file source's options, by Spark's names, which both sources take. O(1).
+
+        Without ``--max-file-age``, Spark's own source keeps its default (7 days).
+        """
+        options: dict[str, str] = {}
+        if self.config.max_files_per_trigger:
+            options["maxFilesPerTrigger"] = str(self.config.max_files_per_trigger)
+        if self.config.clean_source != "off":
+            options["cleanSource"] = self.config.clean_source
+        if self.source_archive_dir is not None:
+            options["sourceArchiveDir"] = self.source_archive_dir
+        if self.max_file_age_ms is not None:
+            options["maxFileAge"] = f"{self.max_file_age_ms}ms"
+        return options
+
+    def _max_file_age_ns(self) -> int | None:
+        """``--max-file-age`` in ns, as the file log compares modification times."""
+        return None if self.max_file_age_ms is None else self.max_file_age_ms * 1_000_000
 
     def run(self) -> dict[str, Any]:
         """Run the query to the end of the trigger (once / available-now) or forever."""

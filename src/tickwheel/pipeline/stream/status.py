@@ -26,7 +26,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -62,7 +62,7 @@ def checkpoint_status(
 
     Cost: O(pending and expiry rows + carried events) for the last state's
     Parquet, three columns of it read (pyarrow, batch by batch; on a URI two
-    Spark jobs); O(files taken + files in the input) for the file figures;
+    Spark jobs); O(the source log's lines + files in the input) for the file figures;
     O(batches kept + owners) listings. Nothing is written.
     """
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
@@ -303,35 +303,25 @@ def _files(
 ) -> dict[str, Any]:
     """The files taken (the ordered source's log, else Spark's file source log) and
     those waiting in ``input``."""
-    taken: list[str] | None = None
-    source: str | None = None
-    log = join(root, "files.log")
-    if storage.exists(log):
-        source, taken = "tickwheel", _file_log_paths(storage.read_bytes(log))
-    else:
-        spark_log = join(top, "spark", "sources", "0")
-        if storage.exists(spark_log):
-            taken = _spark_source_paths(storage, spark_log)
-            source = "spark" if taken is not None else None
+    source, taken, takes = _taken_files(storage, top, root)
     figures: dict[str, Any] = {
         "source": source,
-        "taken": None if taken is None else len(taken),
+        "taken": taken,
         "input": input if isinstance(input, str) else None,
         "waiting": None,
         "waiting_bytes": None,
         "next_waiting": [],
     }
-    if taken is None or not isinstance(input, str) or not _listable(input):
+    if takes is None or not isinstance(input, str) or not _listable(input):
         return figures
     try:
         listed = _input_files(input, spark)
     except (OSError, StorageError, StreamError):
         return figures  # the input is gone or out of reach: waiting unknown
-    seen = {_normal(p) for p in taken}
     waiting = sorted(
-        (mtime, os.path.basename(path), path, size)
-        for path, size, mtime in listed
-        if _normal(path) not in seen
+        (mtime_ns, os.path.basename(path), path, size)
+        for path, size, mtime_ns in listed
+        if takes(_normal(path), mtime_ns)
     )
     figures.update(
         waiting=len(waiting),
@@ -341,16 +331,41 @@ def _files(
     return figures
 
 
+def _taken_files(
+    storage: Storage, top: str, root: str
+) -> tuple[str | None, int | None, Callable[[str, int], bool] | None]:
+    """Which source logged the files it took, how many, and whether it would take a
+    file it lists (by its normal path and modification time in ns). The ordered
+    source takes a file it does not remember and that is not below the age limit
+    its log records (``maxFileAge``); Spark's, a file not in its log. All None
+    without a log of either."""
+    log_path = join(root, "files.log")
+    if storage.exists(log_path):
+        from .file_source import FileLog
+
+        log = FileLog.from_bytes(storage.read_bytes(log_path))
+        limit = log.ignore_before_ns()
+
+        def takes_new(path: str, mtime_ns: int) -> bool:
+            return path not in log and (limit is None or mtime_ns >= limit)
+
+        return "tickwheel", log.end, takes_new
+    spark_log = join(top, "spark", "sources", "0")
+    paths = _spark_source_paths(storage, spark_log) if storage.exists(spark_log) else None
+    if paths is None:
+        return None, None, None
+    seen = {_normal(p) for p in paths}
+
+    def takes_unseen(path: str, _mtime_ns: int) -> bool:
+        return path not in seen
+
+    return "spark", len(paths), takes_unseen
+
+
 def _listable(input: str) -> bool:
     """A URI, or an absolute path: a relative one (as a job may record it) names a
     directory relative to where that job ran, which is not known here."""
     return is_uri(input) or os.path.isabs(input)
-
-
-def _file_log_paths(data: bytes) -> list[str]:
-    """The paths of ``files.log``'s whole lines (a torn last one is an append in progress)."""
-    complete = data[: data.rfind(b"\n") + 1]
-    return [json.loads(line)["path"] for line in complete.splitlines() if line.strip()]
 
 
 def _spark_source_paths(storage: Storage, directory: str) -> list[str] | None:
@@ -380,7 +395,7 @@ def _spark_source_paths(storage: Storage, directory: str) -> list[str] | None:
 
 
 def _input_files(input: str, spark: SparkSession | None) -> Iterable[tuple[str, int, int]]:
-    """``(path, size, mtime ms)`` of the input's data files, as the sources list them:
+    """``(path, size, mtime ns)`` of the input's data files, as the sources list them:
     names starting with ``.`` or ``_`` are not data."""
     if not is_uri(input):
         if not os.path.isdir(input):
@@ -391,17 +406,15 @@ def _input_files(input: str, spark: SparkSession | None) -> Iterable[tuple[str, 
                 if entry.name.startswith((".", "_")) or not entry.is_file():
                     continue
                 info = entry.stat()
-                found.append(
-                    (os.path.abspath(entry.path), info.st_size, info.st_mtime_ns // 1_000_000)
-                )
+                found.append((os.path.abspath(entry.path), info.st_size, info.st_mtime_ns))
         return found
     storage = storage_for(input, _classic(spark, input))
     if not storage.exists(input):
         raise FileNotFoundError(input)
     base = input.rstrip("/")
     return [
-        (path, size, mtime)
-        for path, size, mtime in storage.list_files(input)
+        (path, size, mtime_ms * 1_000_000)
+        for path, size, mtime_ms in storage.list_files(input)
         if not any(p.startswith((".", "_")) for p in _normal(path)[len(_normal(base)) :].split("/"))
     ]
 
