@@ -1,0 +1,364 @@
+"""A long stream at a constant rate: the last micro-batches cost what the first did.
+
+    .venv/bin/python benchmarks/bench_pipeline_soak.py [--batches 300] [--orders-per-batch 100]
+        [--clean-source delete] [--retention 10m] [--window 30]
+
+``tickwheel pipeline stream``'s job (``StreamJob``, the ordered file source)
+runs in this process on one classic ``local[2]`` session, with a
+``--trigger interval=100ms``. A feeder thread drops one file of generated
+orders into the input whenever the previous one has been taken, so every
+micro-batch reads one file of the same size and the same span of event time
+(``--orders-per-batch`` orders, one every 6 s of event time: 10 minutes a
+file; a 30-minute timeout, 3 minutes of allowed lateness and ``--retention``).
+Each file appears by a rename from a hidden name, as a writer should publish
+one, so the source never sees half of it.
+
+What it prints, over ``--window`` micro-batches at each end of the run:
+
+* the median seconds per micro-batch (Spark's ``triggerExecution``, from a
+  ``StreamingQueryListener``: listing the input and logging its files, the
+  micro-batch and its commit) of the first window against the last;
+* the carried state's rows (pending operations and expiry markers, plus the
+  events carried above the watermark) and bytes, from
+  :func:`tickwheel.pipeline.checkpoint_status` after each micro-batch;
+* the memory of the driver (this process's resident set), of the JVM (its
+  resident set) and of Spark's Python workers (the proportional set size of
+  every Python process under the JVM, so that the pages a forked worker
+  shares with its daemon count once), at the end of the first window and at
+  the end of the run. The first window's end, not batch 0, is the start: a
+  JVM's first micro-batches load classes, compile code and grow its heap.
+
+The stream's outputs are then checked equal to the reference model's
+(``tests/support/reference.py``) over the files fed. Targets (issue 41):
+the last window within 1.15x of the first; state flat under retention;
+memory within 10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _support  # noqa: F401 - puts tests/ on the path: the reference of the semantics
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = "30m"
+#: Event time between two orders: 100 orders span 10 minutes of it.
+ORDER_GAP_MS = 6_000
+#: How long a wait for the stream may take before the run is called stuck.
+STUCK_S = 120.0
+
+
+def _rules(path: Path, retention: str) -> Path:
+    """``examples/orders.toml`` with 3 minutes of allowed lateness and ``retention``."""
+    text = (ROOT / "examples" / "orders.toml").read_text(encoding="utf-8")
+    text = text.replace(
+        'allowed_lateness = "0"', f'allowed_lateness = "3m"\nretention = "{retention}"'
+    )
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- memory -------------------------------------------------------------------
+def _status_kb(pid: int, field_name: str, proc: str = "status") -> int:
+    """A ``kB`` figure of ``/proc/PID/<proc>`` (0 when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/{proc}", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    """Every process under ``pid`` (Linux: each thread's ``children`` list)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except FileNotFoundError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", encoding="ascii") as fh:
+                    kids = [int(p) for p in fh.read().split()]
+            except FileNotFoundError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"python" in fh.read().split(b"\0")[0]
+    except FileNotFoundError:
+        return False
+
+
+@dataclass
+class Memory:
+    """Memory of the three kinds of process, in MiB, and the JVM's heap."""
+
+    driver: float
+    jvm: float
+    workers: float
+    worker_processes: int
+    heap_committed: float  # what the JVM's heap has taken from the system
+    heap_live: float  # what the heap holds after a full collection
+
+    @classmethod
+    def sample(cls, jvm: Any, jvm_pid: int) -> Memory:
+        """Driver and JVM resident sets, the workers' proportional set sizes, then
+        the JVM's heap after ``System.gc()``. O(processes) plus a full collection."""
+        workers = [p for p in _children(jvm_pid) if _is_python(p)]
+        pss = sum(_status_kb(p, "Pss", "smaps_rollup") for p in workers)
+        driver = _status_kb(os.getpid(), "VmRSS") / 1024
+        resident = _status_kb(jvm_pid, "VmRSS") / 1024
+        runtime = jvm.java.lang.Runtime.getRuntime()
+        committed = runtime.totalMemory() / 2**20
+        jvm.java.lang.System.gc()  # the live set: what a leak would grow
+        live = (runtime.totalMemory() - runtime.freeMemory()) / 2**20
+        return cls(driver, resident, pss / 1024, len(workers), committed, live)
+
+
+# -- the run --------------------------------------------------------------------
+@dataclass
+class Soak:
+    """What the listener and the feeder share: per-batch figures, under one condition."""
+
+    batches: int
+    seconds: dict[int, float] = field(default_factory=dict)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    failure: BaseException | None = None
+
+    def progressed(self, batch_id: int, seconds: float) -> None:
+        # Spark runs no micro-batch while no new file waits (the query keeps no state
+        # of Spark's): each one takes the one file the feeder published, in order.
+        with self.changed:
+            self.seconds[batch_id] = seconds
+            self.changed.notify_all()
+
+    def wait_for(self, done: int) -> None:
+        """Block until ``done`` micro-batches have run (or the feeder failed)."""
+        deadline = time.monotonic() + STUCK_S
+        with self.changed:
+            while len(self.seconds) < done and self.failure is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no micro-batch {done} within {STUCK_S:.0f} s")
+                self.changed.wait(left)
+
+
+def _listener(soak: Soak) -> Any:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class Progress(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            p = event.progress
+            soak.progressed(p.batchId, p.durationMs.get("triggerExecution", 0) / 1000)
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            with soak.changed:
+                soak.changed.notify_all()
+
+    return Progress()
+
+
+def _publish(src: Path, inp: Path) -> None:
+    """Copy ``src`` into ``inp`` under a hidden name, then rename it into view."""
+    hidden = inp / f".{src.name}.tmp"
+    shutil.copyfile(src, hidden)
+    os.replace(hidden, inp / src.name)
+
+
+def _feed_and_sample(
+    soak: Soak, files: list[Path], inp: Path, ck: Path, jvm: Any, jvm_pid: int, window: int,
+    samples: dict[str, Any], stop: Any,
+) -> None:  # fmt: skip
+    """The feeder: one file after each micro-batch; memory after every ``window`` of them."""
+    from tickwheel.pipeline import checkpoint_status
+
+    try:
+        state: list[tuple[int, int]] = []
+        memory: list[tuple[int, Memory]] = []
+        for i, src in enumerate(files):
+            soak.wait_for(i)  # file i once batch i - 1 has run: one file waits at a time
+            if i:
+                status = checkpoint_status(str(ck))
+                state.append((status["state"]["rows"], status["state"]["bytes"]))
+            if i and i % window == 0:  # between micro-batches: the stream is idle
+                memory.append((i, Memory.sample(jvm, jvm_pid)))
+            _publish(src, inp)
+        soak.wait_for(len(files))
+        status = checkpoint_status(str(ck))
+        state.append((status["state"]["rows"], status["state"]["bytes"]))
+        memory.append((len(files), Memory.sample(jvm, jvm_pid)))
+        samples["memory"] = memory
+        samples["state"] = state
+        samples["status"] = status
+    except BaseException as exc:
+        soak.failure = exc
+    finally:
+        stop()
+
+
+def _check(spark: Any, job: Any, files: list[Path], rules_path: Path, ck: Path) -> None:
+    """The stream's outcomes and unmatched rows equal the reference's over ``files``."""
+    from support.reference import iter_input_lines, run_reference
+    from tickwheel.pipeline.rules import load_rules
+    from tickwheel.pipeline.stream.job import read_stream_outputs
+
+    lines = [line for f in files for line in iter_input_lines(f)]
+    ref = run_reference(lines, load_rules(str(rules_path)))
+    outs = read_stream_outputs(spark, job.sink, str(ck))
+    for table, cols, expected in (
+        ("outcomes", ["op_id", "outcome", "resolved_at"],
+         [(r[2], r[5], r[6]) for r in ref.outcomes]),
+        ("unmatched", ["event_id", "reason"], [(r[2], r[5]) for r in ref.unmatched]),
+    ):  # fmt: skip
+        got = sorted(tuple(row[c] for c in cols) for row in outs[table].collect())
+        key = lambda r: tuple((v is not None, v) for v in r)  # noqa: E731
+        if sorted(got, key=key) != sorted(expected, key=key):
+            raise SystemExit(f"{table}: the stream's rows differ from the reference's")
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{b / a:.2f}x" if a else "-"
+
+
+def _report(args: argparse.Namespace, soak: Soak, samples: dict[str, Any]) -> None:
+    window = args.window
+    ids = sorted(soak.seconds)
+    first = statistics.median(soak.seconds[b] for b in ids[:window])
+    last = statistics.median(soak.seconds[b] for b in ids[-window:])
+    state = samples["state"]
+    rows_first, bytes_first = state[window - 1]
+    rows_last, bytes_last = state[-1]
+    rows_max = max(rows for rows, _ in state[window - 1 :])
+    memory = samples["memory"]
+    start, end = memory[0][1], memory[-1][1]
+    print(f"\n{len(ids)} micro-batches of {args.orders_per_batch} orders "
+          "(one file each); "
+          f"clean source: {args.clean_source}, retention {args.retention}")  # fmt: skip
+    print(f"| figure | first {window} (their end) | last {window} (the end) | ratio | target |")
+    print("|---|---:|---:|---:|---|")
+    print(
+        f"| median s per micro-batch | {first:.3f} | {last:.3f} | {_ratio(first, last)} | ≤ 1.15x |"
+    )
+    print(f"| state rows | {rows_first:,} | {rows_last:,} (max after the first window "
+          f"{rows_max:,}) | {_ratio(rows_first, rows_last)} | flat |")  # fmt: skip
+    ratio = _ratio(bytes_first, bytes_last)
+    print(f"| state bytes | {bytes_first:,} | {bytes_last:,} | {ratio} | flat |")
+    for name, label in (("driver", "driver memory (MiB, resident)"),
+                        ("jvm", "JVM memory (MiB, resident)"),
+                        ("heap_live", "JVM heap after a full GC (MiB)"),
+                        ("workers", "workers' memory (MiB, proportional)")):  # fmt: skip
+        a, b = getattr(start, name), getattr(end, name)
+        print(f"| {label} | {a:,.0f} | {b:,.0f} | {_ratio(a, b)} | ≤ 1.10x |")
+    print(f"| Python worker processes | {start.worker_processes} | {end.worker_processes} | | |")
+    print("\nmemory after each window (MiB): batch, driver, JVM resident, JVM heap committed, "
+          "heap after a full GC, workers (processes)")  # fmt: skip
+    for batch, m in memory:
+        print(f"  {batch:>5} {m.driver:7,.0f} {m.jvm:7,.0f} {m.heap_committed:7,.0f} "
+              f"{m.heap_live:7,.0f} {m.workers:7,.0f} ({m.worker_processes})")  # fmt: skip
+    files = samples["status"]["files"]
+    print(f"\nat the end, status: files {files}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak and print its table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--orders-per-batch", type=int, default=100)
+    parser.add_argument("--window", type=int, default=30)
+    parser.add_argument("--retention", default="10m")
+    parser.add_argument("--clean-source", choices=("off", "archive", "delete"), default="delete")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args(argv)
+    if args.window < 1 or args.batches < 2 * args.window:
+        parser.error(
+            f"--batches must be at least twice --window ({args.window}), got {args.batches}"
+        )
+    if args.orders_per_batch < 1:
+        parser.error(f"--orders-per-batch must be positive, got {args.orders_per_batch}")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from tickwheel.pipeline.generate import generate_orders
+    from tickwheel.pipeline.rules import parse_duration
+    from tickwheel.pipeline.spark.class_archive import find
+    from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
+    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-soak-"))
+    shutil.rmtree(work, ignore_errors=True)
+    gen, inp, ck = work / "gen", work / "in", work / "ck"
+    inp.mkdir(parents=True)
+    # One file more than fed: the generator's last holds the long-delayed payments
+    # of its last orders, a jump of the watermark, not a constant rate.
+    generate_orders(args.batches * args.orders_per_batch, gen, seed=41, files=args.batches + 1,
+                    timeout_ms=parse_duration(TIMEOUT), mean_gap_ms=ORDER_GAP_MS)  # fmt: skip
+    files = sorted(gen.glob("part-*.jsonl"))[: args.batches]
+    rules_path = _rules(work / "rules.toml", args.retention)
+    spark = create_session("local[2]", shuffle_partitions=args.partitions,
+                           conf=STREAM_SESSION_CONF, class_archive=find())  # fmt: skip
+    jvm = spark.sparkContext._jvm
+    jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    print(f"python {sys.version.split()[0]}, spark {spark.version}, local[2], "
+          f"{os.cpu_count()} cores, work {work}")  # fmt: skip
+    config = StreamConfig(
+        rules_path=str(rules_path), input=str(inp), output=str(work / "out"),
+        checkpoint=str(ck), trigger="interval=100ms", max_files_per_trigger=1,
+        partitions=args.partitions, quiet=True, clean_source=args.clean_source,
+        source_archive_dir=str(work / "archive") if args.clean_source == "archive" else None,
+    )  # fmt: skip
+    soak = Soak(args.batches)
+    spark.streams.addListener(_listener(soak))
+    samples: dict[str, Any] = {}
+
+    def stop() -> None:
+        for query in spark.streams.active:
+            query.stop()
+
+    feeder = threading.Thread(
+        target=_feed_and_sample,
+        args=(soak, files, inp, ck, jvm, jvm_pid, args.window, samples, stop),
+        daemon=True,
+    )
+    with StreamJob(config, spark=spark) as job:
+        feeder.start()
+        job.run()
+        feeder.join(STUCK_S)
+        if soak.failure is not None:
+            raise soak.failure
+        if sorted(soak.seconds) != list(range(len(files))):
+            raise SystemExit(f"expected micro-batches 0..{len(files) - 1}, one file each; "
+                             f"Spark ran {sorted(soak.seconds)}")  # fmt: skip
+        _check(spark, job, files, rules_path, ck)
+    _report(args, soak, samples)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
