@@ -1,7 +1,7 @@
 """A long stream at a constant rate: the last micro-batches cost what the first did.
 
     .venv/bin/python benchmarks/bench_pipeline_soak.py [--batches 300] [--orders-per-batch 100]
-        [--clean-source delete] [--retention 10m] [--window 30]
+        [--clean-source delete] [--retention 10m] [--window 30] [--histogram]
 
 ``tickwheel pipeline stream``'s job (``StreamJob``, the ordered file source)
 runs in this process on one classic ``local[2]`` session, with a
@@ -27,6 +27,10 @@ What it prints, over ``--window`` micro-batches at each end of the run:
   shares with its daemon count once), at the end of the first window and at
   the end of the run. The first window's end, not batch 0, is the start: a
   JVM's first micro-batches load classes, compile code and grow its heap.
+* the JVM's heap after a full collection (``System.gc()`` at each sample:
+  its live objects, which a leak would grow) after every window; with
+  ``--histogram``, the classes whose live objects grew most from the first
+  window's end to the end (``jcmd GC.class_histogram``).
 
 The stream's outputs are then checked equal to the reference model's
 (``tests/support/reference.py``) over the files fed. Targets (issue 41):
@@ -38,8 +42,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -136,6 +142,30 @@ class Memory:
         return cls(driver, resident, pss / 1024, len(workers), committed, live)
 
 
+def _class_histogram(jvm_pid: int) -> dict[str, tuple[int, int]]:
+    """The JVM's live objects by class: (instances, bytes); ``jcmd`` collects first."""
+    done = subprocess.run(["jcmd", str(jvm_pid), "GC.class_histogram"], capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    found: dict[str, tuple[int, int]] = {}
+    for line in done.stdout.splitlines():
+        match = re.match(r"\s*\d+:\s+(\d+)\s+(\d+)\s+(\S+)", line)
+        if match:
+            found[match[3]] = (int(match[1]), int(match[2]))
+    return found
+
+
+def _histogram_growth(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
+                      top: int = 12) -> None:  # fmt: skip
+    """Print the classes whose live bytes grew most between two histograms."""
+    grown = sorted(after, key=lambda c: after[c][1] - before.get(c, (0, 0))[1], reverse=True)
+    print("\nlive objects that grew most, first window's end to the end (jcmd GC.class_histogram):")
+    print("| class | instances | bytes |")
+    print("|---|---:|---:|")
+    for name in grown[:top]:
+        (n0, b0), (n1, b1) = before.get(name, (0, 0)), after[name]
+        print(f"| `{name}` | {n0:,} → {n1:,} | {b0:,} → {b1:,} |")
+
+
 # -- the run --------------------------------------------------------------------
 @dataclass
 class Soak:
@@ -194,7 +224,7 @@ def _publish(src: Path, inp: Path) -> None:
 
 def _feed_and_sample(
     soak: Soak, files: list[Path], inp: Path, ck: Path, jvm: Any, jvm_pid: int, window: int,
-    samples: dict[str, Any], stop: Any,
+    samples: dict[str, Any], stop: Any, histogram: bool,
 ) -> None:  # fmt: skip
     """The feeder: one file after each micro-batch; memory after every ``window`` of them."""
     from tickwheel.pipeline import checkpoint_status
@@ -209,11 +239,15 @@ def _feed_and_sample(
                 state.append((status["state"]["rows"], status["state"]["bytes"]))
             if i and i % window == 0:  # between micro-batches: the stream is idle
                 memory.append((i, Memory.sample(jvm, jvm_pid)))
+                if histogram and i == window:
+                    samples["histogram"] = [_class_histogram(jvm_pid)]
             _publish(src, inp)
         soak.wait_for(len(files))
         status = checkpoint_status(str(ck))
         state.append((status["state"]["rows"], status["state"]["bytes"]))
         memory.append((len(files), Memory.sample(jvm, jvm_pid)))
+        if histogram:
+            samples["histogram"].append(_class_histogram(jvm_pid))
         samples["memory"] = memory
         samples["state"] = state
         samples["status"] = status
@@ -284,6 +318,8 @@ def _report(args: argparse.Namespace, soak: Soak, samples: dict[str, Any]) -> No
               f"{m.heap_live:7,.0f} {m.workers:7,.0f} ({m.worker_processes})")  # fmt: skip
     files = samples["status"]["files"]
     print(f"\nat the end, status: files {files}")
+    if "histogram" in samples:
+        _histogram_growth(*samples["histogram"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clean-source", choices=("off", "archive", "delete"), default="delete")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument(
+        "--histogram", action="store_true",
+        help="also the JVM's live objects by class (jcmd) at the first window's end and the "
+        "end, and the classes that grew most",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.window < 1 or args.batches < 2 * args.window:
         parser.error(
@@ -342,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
 
     feeder = threading.Thread(
         target=_feed_and_sample,
-        args=(soak, files, inp, ck, jvm, jvm_pid, args.window, samples, stop),
+        args=(soak, files, inp, ck, jvm, jvm_pid, args.window, samples, stop, args.histogram),
         daemon=True,
     )
     with StreamJob(config, spark=spark) as job:

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from stream_support import subprocess_env
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -79,6 +80,7 @@ def test_the_command_line_floor_reads_every_file_and_writes_each_micro_batch(
          "--input", str(inp), "--output", str(out), "--checkpoint", str(tmp_path / "ck"),
          "--triggers", "3"],
         capture_output=True, text=True, timeout=180, check=False,
+        env=subprocess_env(),  # loopback, and C1 only: a short-lived JVM, as the stream's
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "floor: 3 micro-batches in " in done.stdout
