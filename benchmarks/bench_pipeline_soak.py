@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_pipeline_soak.py [--batches 300] [--orders-per-batch 100]
         [--clean-source delete] [--retention 10m] [--window 30] [--histogram]
+        [--spark-history N]
 
 ``tickwheel pipeline stream``'s job (``StreamJob``, the ordered file source)
 runs in this process on one classic ``local[2]`` session, with a
@@ -31,6 +32,12 @@ What it prints, over ``--window`` micro-batches at each end of the run:
   its live objects, which a leak would grow) after every window; with
   ``--histogram``, the classes whose live objects grew most from the first
   window's end to the end (``jcmd GC.class_histogram``).
+
+Spark's status store (what its UI shows, kept whether the UI runs or not)
+holds the last 1,000 jobs, stages and SQL executions by default: at a few
+jobs per micro-batch it fills only after some hundreds of them, and the
+heap grows until then. ``--spark-history N`` keeps N of each instead, so
+that the run reaches the level it then holds.
 
 The stream's outputs are then checked equal to the reference model's
 (``tests/support/reference.py``) over the files fed. Targets (issue 41):
@@ -294,7 +301,8 @@ def _report(args: argparse.Namespace, soak: Soak, samples: dict[str, Any]) -> No
     start, end = memory[0][1], memory[-1][1]
     print(f"\n{len(ids)} micro-batches of {args.orders_per_batch} orders "
           "(one file each); "
-          f"clean source: {args.clean_source}, retention {args.retention}")  # fmt: skip
+          f"clean source: {args.clean_source}, retention {args.retention}, Spark's history: "
+          f"{args.spark_history or 'its defaults'}")  # fmt: skip
     print(f"| figure | first {window} (their end) | last {window} (the end) | ratio | target |")
     print("|---|---:|---:|---:|---|")
     print(
@@ -316,6 +324,13 @@ def _report(args: argparse.Namespace, soak: Soak, samples: dict[str, Any]) -> No
     for batch, m in memory:
         print(f"  {batch:>5} {m.driver:7,.0f} {m.jvm:7,.0f} {m.heap_committed:7,.0f} "
               f"{m.heap_live:7,.0f} {m.workers:7,.0f} ({m.worker_processes})")  # fmt: skip
+    later = [(batch, m.heap_live) for batch, m in memory[1:]]
+    if len(later) >= 2:
+        slope = statistics.linear_regression(*zip(*later, strict=True)).slope
+        lives = [live for _batch, live in later]
+        print(f"heap after a full GC from batch {later[0][0]} on: {min(lives):,.0f}–"
+              f"{max(lives):,.0f} MiB, trend {slope * 100:+.1f} MiB per 100 micro-batches "
+              "(least squares)")  # fmt: skip
     files = samples["status"]["files"]
     print(f"\nat the end, status: files {files}")
     if "histogram" in samples:
@@ -332,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clean-source", choices=("off", "archive", "delete"), default="delete")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument(
+        "--spark-history", type=int, default=None, metavar="N",
+        help="keep N jobs, stages and SQL executions in Spark's status store (its UI's "
+        "history; Spark's default: 1000 each) instead of the defaults",
+    )  # fmt: skip
     parser.add_argument(
         "--histogram", action="store_true",
         help="also the JVM's live objects by class (jcmd) at the first window's end and the "
@@ -361,8 +381,13 @@ def main(argv: list[str] | None = None) -> int:
                     timeout_ms=parse_duration(TIMEOUT), mean_gap_ms=ORDER_GAP_MS)  # fmt: skip
     files = sorted(gen.glob("part-*.jsonl"))[: args.batches]
     rules_path = _rules(work / "rules.toml", args.retention)
-    spark = create_session("local[2]", shuffle_partitions=args.partitions,
-                           conf=STREAM_SESSION_CONF, class_archive=find())  # fmt: skip
+    conf = dict(STREAM_SESSION_CONF)
+    if args.spark_history is not None:
+        for name in ("spark.ui.retainedJobs", "spark.ui.retainedStages",
+                     "spark.sql.ui.retainedExecutions"):  # fmt: skip
+            conf[name] = str(args.spark_history)
+    spark = create_session("local[2]", shuffle_partitions=args.partitions, conf=conf,
+                           class_archive=find())  # fmt: skip
     jvm = spark.sparkContext._jvm
     jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
     print(f"python {sys.version.split()[0]}, spark {spark.version}, local[2], "
