@@ -149,6 +149,12 @@ class Memory:
         return cls(driver, resident, pss / 1024, len(workers), committed, live)
 
 
+def _file_log(ck: Path) -> tuple[int, int]:
+    """Lines and bytes of the ordered source's file log (what it keeps of the files taken)."""
+    data = (ck / "tickwheel" / "files.log").read_bytes()
+    return data.count(b"\n"), len(data)
+
+
 def _class_histogram(jvm_pid: int) -> dict[str, tuple[int, int]]:
     """The JVM's live objects by class: (instances, bytes); ``jcmd`` collects first."""
     done = subprocess.run(["jcmd", str(jvm_pid), "GC.class_histogram"], capture_output=True,
@@ -243,7 +249,7 @@ def _feed_and_sample(
             soak.wait_for(i)  # file i once batch i - 1 has run: one file waits at a time
             if i:
                 status = checkpoint_status(str(ck))
-                state.append((status["state"]["rows"], status["state"]["bytes"]))
+                state.append((status["state"]["rows"], status["state"]["bytes"], *_file_log(ck)))
             if i and i % window == 0:  # between micro-batches: the stream is idle
                 memory.append((i, Memory.sample(jvm, jvm_pid)))
                 if histogram and i == window:
@@ -251,7 +257,7 @@ def _feed_and_sample(
             _publish(src, inp)
         soak.wait_for(len(files))
         status = checkpoint_status(str(ck))
-        state.append((status["state"]["rows"], status["state"]["bytes"]))
+        state.append((status["state"]["rows"], status["state"]["bytes"], *_file_log(ck)))
         memory.append((len(files), Memory.sample(jvm, jvm_pid)))
         if histogram:
             samples["histogram"].append(_class_histogram(jvm_pid))
@@ -294,9 +300,9 @@ def _report(args: argparse.Namespace, soak: Soak, samples: dict[str, Any]) -> No
     first = statistics.median(soak.seconds[b] for b in ids[:window])
     last = statistics.median(soak.seconds[b] for b in ids[-window:])
     state = samples["state"]
-    rows_first, bytes_first = state[window - 1]
-    rows_last, bytes_last = state[-1]
-    rows_max = max(rows for rows, _ in state[window - 1 :])
+    rows_first, bytes_first, lines_first, log_first = state[window - 1]
+    rows_last, bytes_last, lines_last, log_last = state[-1]
+    rows_max = max(entry[0] for entry in state[window - 1 :])
     memory = samples["memory"]
     start, end = memory[0][1], memory[-1][1]
     print(f"\n{len(ids)} micro-batches of {args.orders_per_batch} orders "
@@ -312,6 +318,11 @@ def _report(args: argparse.Namespace, soak: Soak, samples: dict[str, Any]) -> No
           f"{rows_max:,}) | {_ratio(rows_first, rows_last)} | flat |")  # fmt: skip
     ratio = _ratio(bytes_first, bytes_last)
     print(f"| state bytes | {bytes_first:,} | {bytes_last:,} | {ratio} | flat |")
+    most = max(entry[2] for entry in state[window - 1 :])
+    print(
+        f"| the source's file log: lines (bytes) | {lines_first} ({log_first:,}) | "
+        f"{lines_last} ({log_last:,}); at most {most} lines after the first window | | flat |"
+    )
     for name, label in (("driver", "driver memory (MiB, resident)"),
                         ("jvm", "JVM memory (MiB, resident)"),
                         ("heap_live", "JVM heap after a full GC (MiB)"),
