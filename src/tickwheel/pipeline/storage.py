@@ -44,6 +44,7 @@ __all__ = [
     "StorageError",
     "absolute",
     "create_json",
+    "fsync_directory",
     "is_uri",
     "join",
     "read_json",
@@ -155,7 +156,7 @@ class LocalStorage:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
-        _fsync_dir(directory)
+        fsync_directory(directory)
 
     def usable(self) -> bool:
         """Always. O(1)."""
@@ -207,7 +208,8 @@ class LocalStorage:
         ]
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_directory(path: str) -> None:
+    """Make a new or renamed name in the local directory ``path`` durable. O(1)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

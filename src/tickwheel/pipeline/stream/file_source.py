@@ -56,6 +56,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from ..storage import fsync_directory
+
 __all__ = [
     "BINARY_FILE_SCHEMA",
     "CLEAN_SOURCE_MODES",
@@ -128,15 +130,6 @@ def _entry_line(taken: TakenFile) -> bytes:
     if taken.mtime_ns is not None:
         entry["mtime"] = taken.mtime_ns
     return json.dumps(entry).encode() + b"\n"
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make a new or renamed name in ``directory`` durable. O(1)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileLog:
@@ -356,7 +349,7 @@ class FileLog:
             fh.flush()
             os.fsync(fh.fileno())
         if created:  # a new name in the directory: durable too
-            _fsync_directory(directory)
+            fsync_directory(directory)
             self._head = data[: data.index(b"\n") + 1]
         self._read += len(data)
 
@@ -418,7 +411,7 @@ class FileLog:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(self._next_path, self.path)
-        _fsync_directory(directory)
+        fsync_directory(directory)
         self._generation += 1
         self._head, self._read = head, len(data)
         self._floor_ns, self.recorded_max_file_age_ns = floor, self.max_file_age_ns
