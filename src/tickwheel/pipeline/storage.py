@@ -33,6 +33,7 @@ import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -47,6 +48,7 @@ __all__ = [
     "fsync_directory",
     "is_uri",
     "join",
+    "local_path",
     "read_json",
     "storage_for",
 ]
@@ -61,6 +63,16 @@ class StorageError(RuntimeError):
 def is_uri(path: str) -> bool:
     """Whether ``path`` names a scheme (``s3a://b/k``, ``file:/x``), as Hadoop reads it. O(1)."""
     return _SCHEME.match(path) is not None
+
+
+def local_path(path: str) -> str:
+    """``path`` as a local path: a ``file:`` URI's path (decoded), else unchanged. O(len).
+
+    Spark names local files ``file:/x`` (or ``file:///x``, with ``%20`` for a space).
+    """
+    if not path.startswith("file:"):
+        return path
+    return unquote(urlsplit(path).path)
 
 
 def absolute(path: str) -> str:

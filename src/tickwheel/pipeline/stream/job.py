@@ -58,7 +58,7 @@ from ..spark.files import HEARTBEAT_SUFFIX, read_files, read_heartbeats
 from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
 from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
 from ..spark.workers import WorkersError, check_workers
-from ..storage import Storage, StorageError, absolute, is_uri, join, storage_for
+from ..storage import Storage, StorageError, absolute, is_uri, join, local_path, storage_for
 from .checkpoint import (
     FAULT_POINTS,
     CheckpointInUse,
@@ -196,19 +196,10 @@ class BatchRunner:
         return summary
 
 
-def _local_path(path: str) -> str:
-    """``path`` as a local path: a ``file:`` URI's path (decoded), else unchanged. O(len)."""
-    if not path.startswith("file:"):
-        return path
-    from urllib.parse import unquote, urlparse
-
-    return unquote(urlparse(path).path)
-
-
 def _within(path: str, directory: str) -> bool:
     """Whether ``path`` is ``directory`` or under it; local paths compared with their
     links resolved, as the files would be reached. O(len)."""
-    path, directory = _local_path(path), _local_path(directory)
+    path, directory = local_path(path), local_path(directory)
     if is_uri(path) or is_uri(directory):
         return (path.rstrip("/") + "/").startswith(directory.rstrip("/") + "/")
     path, directory = os.path.realpath(path), os.path.realpath(directory)
@@ -689,7 +680,7 @@ class StreamJob:
         spark = self._batch_session()
         files, storage = list(plan["files"]), self._storage_of_input()
         if not is_uri(self.config.input):  # Spark's file source, and older plans: file:/...
-            files = [_local_path(p) for p in files]
+            files = [local_path(p) for p in files]
         markers = [p for p in files if p.endswith(HEARTBEAT_SUFFIX) and storage.exists(p)]
         times, refused = read_heartbeats(markers, self.rules, storage)
         records, unread = read_files(

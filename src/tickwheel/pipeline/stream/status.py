@@ -28,9 +28,17 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
 
-from ..storage import Storage, StorageError, absolute, is_uri, join, read_json, storage_for
+from ..storage import (
+    Storage,
+    StorageError,
+    absolute,
+    is_uri,
+    join,
+    local_path,
+    read_json,
+    storage_for,
+)
 from .checkpoint import HEARTBEAT_ENV, MISSED_BEATS, StateStore, StreamError, pid_alive
 
 if TYPE_CHECKING:
@@ -422,7 +430,7 @@ def _input_files(input: str, spark: SparkSession | None) -> Iterable[tuple[str, 
 def _normal(path: str) -> str:
     """``path`` comparable across spellings: ``file:///x``, ``file:/x`` and ``/x`` alike."""
     if path.startswith("file:"):
-        return os.path.normpath(unquote(urlsplit(path).path))
+        return os.path.normpath(local_path(path))
     if not is_uri(path):
         return os.path.normpath(os.path.abspath(path))
     return path.rstrip("/")
