@@ -1,7 +1,8 @@
 """The stream's memory per micro-batch and its carried state's size, measured.
 
 Used by ``bench_pipeline_incremental.py``: the JVM's and the Python workers'
-resident and peak memory after each micro-batch (from ``/proc``), the
+resident and peak memory after each micro-batch (from ``/proc``: the readers
+``bench_pipeline_soak.py`` shares), the
 carried state at the end of a run, and the bytes a pending operation costs in
 a processor's heap and in the checkpoint.
 """
@@ -18,28 +19,41 @@ from typing import Any
 from _pipeline_names import Event, PartitionProcessor, Rule
 
 
-def _status_mb(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def status_mb(pid: int, field: str, name: str = "status") -> float:
+    """``field`` of ``/proc/PID/<name>`` (``status``, or ``smaps_rollup`` for ``Pss``)
+    in MB; NaN when the file has no such field."""
+    for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def _largest(pids: list[int], field: str) -> float:
-    """The largest ``field`` of ``pids`` in MB; a process without it (a zombie, or one
-    gone since it was listed) is left out, as its NaN would poison ``max``."""
+def _values_mb(pids: list[int], field: str, name: str) -> list[float]:
+    """``field`` of each of ``pids`` in MB; a process without it (a zombie, or one gone
+    since it was listed) is left out, as its NaN would poison a max or a sum."""
     values = []
     for pid in pids:
         try:
-            value = _status_mb(pid, field)
+            value = status_mb(pid, field, name)
         except OSError:
             continue
         if not math.isnan(value):
             values.append(value)
-    return max(values, default=0.0)
+    return values
 
 
-def _python_workers(jvm: int) -> list[int]:
+def _largest(pids: list[int], field: str) -> float:
+    """The largest ``field`` of ``pids`` in MB (0 for none)."""
+    return max(_values_mb(pids, field, "status"), default=0.0)
+
+
+def total_mb(pids: list[int], field: str, name: str = "status") -> float:
+    """The sum of ``field`` over ``pids`` in MB (``Pss`` from ``smaps_rollup``: the pages
+    a forked worker shares with its daemon count once)."""
+    return sum(_values_mb(pids, field, name))
+
+
+def python_workers(jvm: int) -> list[int]:
     """The JVM's Python daemon and workers (its child processes, and theirs)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -66,10 +80,10 @@ def sample_memory_per_batch(job: Any, spark: Any, memory: list[dict[str, float]]
 
     def run_batch(batch_id: int, plan: Any) -> Any:
         out = inner(batch_id, plan)
-        workers = [pid for pid in _python_workers(jvm) if Path(f"/proc/{pid}").exists()]
+        workers = [pid for pid in python_workers(jvm) if Path(f"/proc/{pid}").exists()]
         memory.append({
-            "jvm_rss": _status_mb(jvm, "VmRSS"), "jvm_peak": _status_mb(jvm, "VmHWM"),
-            "driver_peak": _status_mb(os.getpid(), "VmHWM"),
+            "jvm_rss": status_mb(jvm, "VmRSS"), "jvm_peak": status_mb(jvm, "VmHWM"),
+            "driver_peak": status_mb(os.getpid(), "VmHWM"),
             "worker_rss": _largest(workers, "VmRSS"),
             "worker_peak": _largest(workers, "VmHWM"),
         })  # fmt: skip

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import _support  # noqa: F401 - puts tests/ on the path: the reference of the semantics
+from _stream_state import python_workers, status_mb, total_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = "30m"
@@ -82,47 +83,6 @@ def _rules(path: Path, retention: str) -> Path:
 
 
 # -- memory -------------------------------------------------------------------
-def _status_kb(pid: int, field_name: str, proc: str = "status") -> int:
-    """A ``kB`` figure of ``/proc/PID/<proc>`` (0 when the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/{proc}", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    """Every process under ``pid`` (Linux: each thread's ``children`` list)."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except FileNotFoundError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children", encoding="ascii") as fh:
-                    kids = [int(p) for p in fh.read().split()]
-            except FileNotFoundError:
-                continue
-            found += kids
-            todo += kids
-    return found
-
-
-def _is_python(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"python" in fh.read().split(b"\0")[0]
-    except FileNotFoundError:
-        return False
-
-
 @dataclass
 class Memory:
     """Memory of the three kinds of process, in MiB, and the JVM's heap."""
@@ -138,15 +98,15 @@ class Memory:
     def sample(cls, jvm: Any, jvm_pid: int) -> Memory:
         """Driver and JVM resident sets, the workers' proportional set sizes, then
         the JVM's heap after ``System.gc()``. O(processes) plus a full collection."""
-        workers = [p for p in _children(jvm_pid) if _is_python(p)]
-        pss = sum(_status_kb(p, "Pss", "smaps_rollup") for p in workers)
-        driver = _status_kb(os.getpid(), "VmRSS") / 1024
-        resident = _status_kb(jvm_pid, "VmRSS") / 1024
+        workers = python_workers(jvm_pid)
+        pss = total_mb(workers, "Pss", "smaps_rollup")
+        driver = status_mb(os.getpid(), "VmRSS")
+        resident = status_mb(jvm_pid, "VmRSS")
         runtime = jvm.java.lang.Runtime.getRuntime()
         committed = runtime.totalMemory() / 2**20
         jvm.java.lang.System.gc()  # the live set: what a leak would grow
         live = (runtime.totalMemory() - runtime.freeMemory()) / 2**20
-        return cls(driver, resident, pss / 1024, len(workers), committed, live)
+        return cls(driver, resident, pss, len(workers), committed, live)
 
 
 def _file_log(ck: Path) -> tuple[int, int]:
