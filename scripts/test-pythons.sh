@@ -30,16 +30,9 @@ else
     done
 fi
 
-# `--install-only`: build the environments and stop; a later run finds them installed (a
-# stamp newer than the project's build files). (Built while `make test` ran, they made
-# it slower here than they saved: `make test` 908 s against 815 s, for 37 s saved.)
-install_only=0 suffix=""
-if [ "${1:-}" = "--install-only" ]; then
-    install_only=1 suffix="-install"
-fi
-
-# Install (unless done) and test one interpreter (its venv, the test extra, the library
-# suite); the caller captures its output.
+# Install (unless a stamp newer than the project's build files says it is done) and test
+# one interpreter (its venv, the test extra, the library suite); the caller captures its
+# output.
 test_one() {
     local py=$1 version=$2 venv=".venvs/$2" started=$SECONDS
     echo "== CPython $version ($py)"
@@ -53,10 +46,6 @@ test_one() {
         "$venv/bin/python" -m pip install --quiet --upgrade pip
         "$venv/bin/python" -m pip install --quiet -e '.[test]'
         touch "$stamp"
-    fi
-    if [ "$install_only" = 1 ]; then
-        echo "== CPython $version: installed in $((SECONDS - started)) s"
-        return 0
     fi
     local rc=0
     # The compiled core must have been built for this interpreter: its tests would
@@ -92,7 +81,7 @@ for py in "${candidates[@]}"; do
     case "$seen" in *" $version "*) continue ;; esac
     seen+="$version "
     ran=$((ran + 1))
-    test_one "$py" "$version" >".venvs/$version$suffix.log" 2>&1 &
+    test_one "$py" "$version" >".venvs/$version.log" 2>&1 &
     pids+=($!)
     versions+=("$version")
 done
@@ -100,7 +89,7 @@ for i in "${!pids[@]}"; do
     if ! wait "${pids[$i]}"; then
         failed+=("${versions[$i]}")
     fi
-    cat ".venvs/${versions[$i]}$suffix.log"
+    cat ".venvs/${versions[$i]}.log"
 done
 
 for claimed in $(grep -o 'Python :: 3\.[0-9]*"' pyproject.toml | grep -o '3\.[0-9]*'); do
@@ -116,8 +105,4 @@ if [ ${#failed[@]} -gt 0 ]; then
     echo "test-pythons: failed on ${failed[*]}" >&2
     exit 1
 fi
-if [ "$install_only" = 1 ]; then
-    echo "test-pythons: installed for${seen% }"
-else
-    echo "test-pythons: passed on${seen% }"
-fi
+echo "test-pythons: passed on${seen% }"
