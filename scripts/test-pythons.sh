@@ -59,7 +59,7 @@ test_one() {
     # every interpreter (the sdist's and the wheel's files, the fall-back to pure
     # Python without a compiler), and this interpreter's own build of the compiled
     # core is the install above. (Here it cost each interpreter about 30 s.)
-    "$venv/bin/python" -m pytest -n "${PYTEST_WORKERS:-2}" --ignore=tests/pipeline \
+    "$venv/bin/python" -m pytest -n "${PYTEST_WORKERS:-2}" --dist worksteal --ignore=tests/pipeline \
         --ignore=tests/test_packaging.py -p no:cacheprovider -q || rc=$?
     echo "== CPython $version: $((SECONDS - started)) s (install and tests)"
     return $rc

@@ -23,6 +23,12 @@ def connect_run() -> bool:
     return kind == "connect"
 
 
+def connect_url(spark: Any) -> str:
+    """The ``sc://`` URL of the Connect server that a Connect test process's session
+    talks to (``conftest.py`` starts it in the process, on a free loopback port)."""
+    return f"sc://127.0.0.1:{spark.conf.get('spark.connect.grpc.binding.port')}"
+
+
 ORDERS_TOML = ROOT / "examples" / "orders.toml"
 
 OUTCOME_COLS = [

@@ -22,6 +22,7 @@ from pipeline_helpers import COLUMNS, RULES_TOML, make_input, read_outputs
 from stream_support import (
     compare_with_reference,
     connect_run,
+    connect_url,
     feed,
     fresh,
     rows,
@@ -415,9 +416,11 @@ def test_rules_may_be_a_rules_object_or_a_path(spark: Any, edge_input: dict[str,
 
 @pytest.mark.slow
 @pytest.mark.connect
-def test_the_example_plain_pyspark_program_runs(tmp_path: Path) -> None:
+def test_the_example_plain_pyspark_program_runs(spark: Any, tmp_path: Path) -> None:
     """``examples/spark_library.py``: a batch and a stream from a plain PySpark program,
-    on a classic session, or on Spark Connect as ``SPARK_REMOTE`` asks."""
+    on a classic session, or on Spark Connect as ``SPARK_REMOTE`` asks: here, this test
+    process's own server, as a program is pointed at a cluster's (a server of its own,
+    ``SPARK_REMOTE=local[2]``, cost a JVM's start more)."""
     example = Path(__file__).resolve().parents[2] / "examples" / "spark_library.py"
     env = subprocess_env()
     env.pop("JDK_JAVA_OPTIONS")  # the user's own JVM, as they would start it
@@ -425,7 +428,7 @@ def test_the_example_plain_pyspark_program_runs(tmp_path: Path) -> None:
     env.pop("PYSPARK_DRIVER_PYTHON")
     env.pop("SPARK_REMOTE", None)
     if connect_run():
-        env["SPARK_REMOTE"] = "local[2]"
+        env["SPARK_REMOTE"] = connect_url(spark)
     proc = subprocess.run(
         [sys.executable, str(example), str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=400, check=False,
