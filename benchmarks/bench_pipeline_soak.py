@@ -34,10 +34,9 @@ What it prints, over ``--window`` micro-batches at each end of the run:
   window's end to the end (``jcmd GC.class_histogram``).
 
 Spark's status store (what its UI shows, kept whether the UI runs or not)
-holds the last 1,000 jobs, stages and SQL executions by default: at a few
-jobs per micro-batch it fills only after some hundreds of them, and the
-heap grows until then. ``--spark-history N`` keeps N of each instead, so
-that the run reaches the level it then holds.
+holds the last 1,000 jobs, stages and SQL executions by default; the stream
+session (``STREAM_SESSION_CONF``) keeps 100 of each, and ``--spark-history N``
+N instead.
 
 The stream's outputs are then checked equal to the reference model's
 (``tests/support/reference.py``) over the files fed. Targets (issue 41):
@@ -268,7 +267,7 @@ def _report(args: argparse.Namespace, soak: Soak, samples: dict[str, Any]) -> No
     print(f"\n{len(ids)} micro-batches of {args.orders_per_batch} orders "
           "(one file each); "
           f"clean source: {args.clean_source}, retention {args.retention}, Spark's history: "
-          f"{args.spark_history or 'its defaults'}")  # fmt: skip
+          f"{args.spark_history} each")  # fmt: skip
     print(f"| figure | first {window} (their end) | last {window} (the end) | ratio | target |")
     print("|---|---:|---:|---:|---|")
     print(
@@ -321,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--spark-history", type=int, default=None, metavar="N",
         help="keep N jobs, stages and SQL executions in Spark's status store (its UI's "
-        "history; Spark's default: 1000 each) instead of the defaults",
+        "history) instead of the stream session's 100 each (Spark's default: 1000)",
     )  # fmt: skip
     parser.add_argument(
         "--histogram", action="store_true",
@@ -353,10 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted(gen.glob("part-*.jsonl"))[: args.batches]
     rules_path = _rules(work / "rules.toml", args.retention)
     conf = dict(STREAM_SESSION_CONF)
-    if args.spark_history is not None:
-        for name in ("spark.ui.retainedJobs", "spark.ui.retainedStages",
-                     "spark.sql.ui.retainedExecutions"):  # fmt: skip
-            conf[name] = str(args.spark_history)
+    if args.spark_history is None:  # the stream session's own
+        args.spark_history = int(conf.get("spark.ui.retainedJobs", "1000"))
+    for name in ("spark.ui.retainedJobs", "spark.ui.retainedStages",
+                 "spark.sql.ui.retainedExecutions"):  # fmt: skip
+        conf[name] = str(args.spark_history)
     spark = create_session("local[2]", shuffle_partitions=args.partitions, conf=conf,
                            class_archive=find())  # fmt: skip
     jvm = spark.sparkContext._jvm

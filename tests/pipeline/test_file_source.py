@@ -43,14 +43,26 @@ def test_files_are_listed_by_mtime_then_name(tmp_path: Path) -> None:
     _touch(tmp_path / ".hidden", 100)
     _touch(tmp_path / "_SUCCESS", 100)
     (tmp_path / "sub").mkdir()
-    names = [os.path.basename(f.path) for f in list_new_files(str(tmp_path), set())]
+
+    def every(_path: str, _mtime_ns: int) -> bool:
+        return True
+
+    names = [os.path.basename(f.path) for f in list_new_files(str(tmp_path), every)]
     assert names == ["z-oldest.jsonl", "a.jsonl", "b.jsonl", "f.jsonl", "h.jsonl",
                      "0-newest.jsonl"]  # fmt: skip
     seen = {str(tmp_path / "a.jsonl"), str(tmp_path / "z-oldest.jsonl")}
-    assert [os.path.basename(f.path) for f in list_new_files(str(tmp_path), seen)][:1] == [
+
+    def unseen(path: str, _mtime_ns: int) -> bool:
+        return path not in seen
+
+    assert [os.path.basename(f.path) for f in list_new_files(str(tmp_path), unseen)][:1] == [
         "b.jsonl"
     ]
-    assert list_new_files(str(tmp_path), set(), ignore_before_ns=1000 * 10**9) == [
+
+    def not_older(_path: str, mtime_ns: int) -> bool:
+        return mtime_ns >= 1000 * 10**9
+
+    assert list_new_files(str(tmp_path), not_older) == [
         (str(tmp_path / name), 1000 * 10**9)
         for name in ("a.jsonl", "b.jsonl", "f.jsonl", "h.jsonl")
     ] + [(str(tmp_path / "0-newest.jsonl"), 2000 * 10**9)]  # an older file is left out

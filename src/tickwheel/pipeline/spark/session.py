@@ -450,11 +450,28 @@ JOB_SQL_SETTINGS = {
 #: 0.025 s (``docs/benchmarks.md``). It renames with the file system's own
 #: rename, atomic on a local disk, which is where the command's checkpoint is.
 #: A SQL setting, read when a query starts; it names a Spark 4.3 class.
+#:
+#: Each read of a path (a micro-batch's input file, its state) leaves that
+#: path's listing in Spark's file status cache, shared by the JVM, which keeps
+#: up to 250 MB of them by default, never read again: two ``java.net.URI``, two
+#: Hadoop ``Path`` and a ``LocatedFileStatus`` per file read, so a stream's heap
+#: grew by about six URIs a micro-batch. The cache's time-to-live (a static
+#: setting: it takes effect in a new JVM only) drops them after a minute.
+#:
+#: Spark's status store (what its UI and status API show; kept whether the UI
+#: runs or not, and it does not run here) holds the last 1,000 jobs, stages and
+#: SQL executions by default. At a few of each per micro-batch it fills only
+#: after some hundreds of micro-batches, and the heap grows until then: it is
+#: kept to the last 100 of each.
 STREAM_SESSION_CONF = {
     "spark.sql.streaming.checkpointFileManagerClass": (
         "org.apache.spark.sql.execution.streaming.checkpointing."
         "FileSystemBasedCheckpointFileManager"
     ),
+    "spark.sql.metadataCacheTTLSeconds": "60",
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+    "spark.sql.ui.retainedExecutions": "100",
 }
 
 

@@ -44,7 +44,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -96,14 +96,12 @@ class TakenFile(NamedTuple):
     mtime_ns: int | None
 
 
-def list_new_files(
-    directory: str, seen: Collection[str], ignore_before_ns: int | None = None
-) -> list[TakenFile]:
-    """The files in ``directory`` not in ``seen``, by (modification time, name).
+def list_new_files(directory: str, takes: Callable[[str, int], bool]) -> list[TakenFile]:
+    """The files in ``directory`` that ``takes(path, mtime_ns)`` accepts, by
+    (modification time, name): :meth:`FileLog.takes` as the source lists.
 
-    A file modified before ``ignore_before_ns`` is left out (``maxFileAge``).
-    The listing reads the whole directory, as Spark's does: O(n log n) in its
-    entries.
+    Hidden files (``.``, ``_``) and directories are never taken. The listing
+    reads the whole directory, as Spark's does: O(n log n) in its entries.
     """
     found: list[tuple[int, str, str]] = []
     with os.scandir(directory) as entries:
@@ -111,15 +109,12 @@ def list_new_files(
             if entry.name.startswith((".", "_")) or not entry.is_file():
                 continue
             path = os.path.abspath(entry.path)
-            if path in seen:
-                continue
             try:
                 mtime = entry.stat().st_mtime_ns
             except FileNotFoundError:  # removed while listed
                 continue
-            if ignore_before_ns is not None and mtime < ignore_before_ns:
-                continue
-            found.append((mtime, entry.name, path))
+            if takes(path, mtime):
+                found.append((mtime, entry.name, path))
     found.sort()
     return [TakenFile(path, mtime) for mtime, _name, path in found]
 
@@ -315,13 +310,22 @@ class FileLog:
             limits.append(self.newest_ns - self.max_file_age_ns)
         return max((t for t in limits if t is not None), default=None)
 
+    def takes(self, path: str, mtime_ns: int) -> bool:
+        """Whether the source takes the file at ``path`` (absolute and normal) last
+        modified at ``mtime_ns``: one it does not remember, not modified before
+        :meth:`ignore_before_ns` (``maxFileAge``). O(1)."""
+        if path in self._seen:
+            return False
+        limit = self.ignore_before_ns()
+        return limit is None or mtime_ns >= limit
+
     def new_files(self, directory: str) -> list[TakenFile]:
         """The files of ``directory`` that :meth:`take_new` would take, in order.
 
         O(directory), as Spark's listing: with ``cleanSource`` the directory
         holds only the files not yet cleaned, else every file ever put there.
         """
-        return list_new_files(directory, self._seen, self.ignore_before_ns())
+        return list_new_files(directory, self.takes)
 
     def take_new(self, directory: str) -> int:
         """Append the directory's new files, in order, durably; return how many.

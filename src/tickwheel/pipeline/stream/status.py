@@ -352,12 +352,7 @@ def _taken_files(
         from .file_source import FileLog
 
         log = FileLog.from_bytes(storage.read_bytes(log_path))
-        limit = log.ignore_before_ns()
-
-        def takes_new(path: str, mtime_ns: int) -> bool:
-            return path not in log and (limit is None or mtime_ns >= limit)
-
-        return "tickwheel", log.end, takes_new
+        return "tickwheel", log.end, log.takes
     spark_log = join(top, "spark", "sources", "0")
     paths = _spark_source_paths(storage, spark_log) if storage.exists(spark_log) else None
     if paths is None:
