@@ -43,7 +43,8 @@ test_one() {
     newer=$(find pyproject.toml setup.py src -newer "$stamp" \( -name '*.py' -o -name '*.px[di]' \
         -o -name '*.pyx' -o -name '*.toml' \) -print -quit 2>/dev/null || echo missing)
     if [ ! -f "$stamp" ] || [ -n "$newer" ]; then
-        "$venv/bin/python" -m pip install --quiet --upgrade pip
+        # The pip each 3.12+ venv ships installs an editable pyproject project
+        # (PEP 660, pip 21.3+): no upgrade first.
         "$venv/bin/python" -m pip install --quiet -e '.[test]'
         touch "$stamp"
     fi

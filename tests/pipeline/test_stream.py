@@ -58,11 +58,11 @@ def _run(spark: Any, tmp: Path, rules: Path, **kw: Any) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 20 micro-batches on a shared local[2] session
+@pytest.mark.timeout(900)  # 10 micro-batches on a shared local[2] session
 @pytest.mark.parametrize(
     ("increments", "partitions", "separate_runs"),
-    [(1, 2, False), (5, 1, True), (20, 3, False)],
-    ids=["1-increment-2-partitions", "5-runs-1-partition", "20-increments-3-partitions"],
+    [(1, 2, False), (5, 1, True), (10, 3, False)],
+    ids=["1-increment-2-partitions", "5-runs-1-partition", "10-increments-3-partitions"],
 )
 def test_increments_equal_one_batch_run(
     spark: Any,
@@ -72,7 +72,7 @@ def test_increments_equal_one_batch_run(
     partitions: int,
     separate_runs: bool,
 ) -> None:
-    """1, 5 or 20 increments, any partition count: the same outputs as the batch semantics.
+    """1, 5 or 10 increments, any partition count: the same outputs as the batch semantics.
 
     One partition per row keeps every purgatory at ``partitions`` (these
     micro-batches are far below MICRO_BATCH_ROWS_PER_PARTITION).
