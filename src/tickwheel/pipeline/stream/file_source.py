@@ -98,7 +98,7 @@ class TakenFile(NamedTuple):
 
 def list_new_files(directory: str, takes: Callable[[str, int], bool]) -> list[TakenFile]:
     """The files in ``directory`` that ``takes(path, mtime_ns)`` accepts, by
-    (modification time, name): :meth:`FileLog.takes` as the source lists.
+    (modification time, name): :meth:`FileLog.take_rule` as the source lists.
 
     Hidden files (``.``, ``_``) and directories are never taken. The listing
     reads the whole directory, as Spark's does: O(n log n) in its entries.
@@ -310,14 +310,18 @@ class FileLog:
             limits.append(self.newest_ns - self.max_file_age_ns)
         return max((t for t in limits if t is not None), default=None)
 
-    def takes(self, path: str, mtime_ns: int) -> bool:
-        """Whether the source takes the file at ``path`` (absolute and normal) last
-        modified at ``mtime_ns``: one it does not remember, not modified before
-        :meth:`ignore_before_ns` (``maxFileAge``). O(1)."""
-        if path in self._seen:
-            return False
-        limit = self.ignore_before_ns()
-        return limit is None or mtime_ns >= limit
+    def take_rule(self) -> Callable[[str, int], bool]:
+        """The source's take rule as it stands, for one listing: ``takes(path,
+        mtime_ns)`` whether it takes the file at ``path`` (absolute and normal) last
+        modified at ``mtime_ns``, one it does not remember and not modified before
+        :meth:`ignore_before_ns` (``maxFileAge``). O(1), and O(1) a file: the limit
+        is worked out once, not for each file listed."""
+        seen, limit = self._seen, self.ignore_before_ns()
+
+        def takes(path: str, mtime_ns: int) -> bool:
+            return path not in seen and (limit is None or mtime_ns >= limit)
+
+        return takes
 
     def new_files(self, directory: str) -> list[TakenFile]:
         """The files of ``directory`` that :meth:`take_new` would take, in order.
@@ -325,7 +329,7 @@ class FileLog:
         O(directory), as Spark's listing: with ``cleanSource`` the directory
         holds only the files not yet cleaned, else every file ever put there.
         """
-        return list_new_files(directory, self.takes)
+        return list_new_files(directory, self.take_rule())
 
     def take_new(self, directory: str) -> int:
         """Append the directory's new files, in order, durably; return how many.

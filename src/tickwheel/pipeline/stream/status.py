@@ -352,7 +352,7 @@ def _taken_files(
         from .file_source import FileLog
 
         log = FileLog.from_bytes(storage.read_bytes(log_path))
-        return "tickwheel", log.end, log.takes
+        return "tickwheel", log.end, log.take_rule()
     spark_log = join(top, "spark", "sources", "0")
     paths = _spark_source_paths(storage, spark_log) if storage.exists(spark_log) else None
     if paths is None:
