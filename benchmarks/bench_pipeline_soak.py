@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_pipeline_soak.py [--batches 300] [--orders-per-batch 100]
         [--clean-source delete] [--retention 10m] [--window 30] [--histogram]
-        [--spark-history N]
+        [--spark-history N] [--progress-metrics]
 
 ``tickwheel pipeline stream``'s job (``StreamJob``, the ordered file source)
 runs in this process on one classic ``local[2]`` session, with a
@@ -147,6 +147,7 @@ class Soak:
     seconds: dict[int, float] = field(default_factory=dict)
     changed: threading.Condition = field(default_factory=threading.Condition)
     failure: BaseException | None = None
+    figures: int = 0  # micro-batches whose figures a --progress-metrics listener read
 
     def progressed(self, batch_id: int, seconds: float) -> None:
         # Spark runs no micro-batch while no new file waits (the query keeps no state
@@ -175,6 +176,9 @@ def _listener(soak: Soak) -> Any:
 
         def onQueryProgress(self, event: Any) -> None:
             p = event.progress
+            if (p.name or "").startswith("tickwheel progress of"):  # --progress-metrics
+                soak.figures += "tickwheel" in p.observedMetrics
+                return
             soak.progressed(p.batchId, p.durationMs.get("triggerExecution", 0) / 1000)
 
         def onQueryIdle(self, event: Any) -> None:
@@ -267,7 +271,8 @@ def _report(args: argparse.Namespace, soak: Soak, samples: dict[str, Any]) -> No
     print(f"\n{len(ids)} micro-batches of {args.orders_per_batch} orders "
           "(one file each); "
           f"clean source: {args.clean_source}, retention {args.retention}, Spark's history: "
-          f"{args.spark_history} each")  # fmt: skip
+          f"{args.spark_history} each; progress metrics: "
+          f"{f'{soak.figures} read' if args.progress_metrics else 'off'}")  # fmt: skip
     print(f"| figure | first {window} (their end) | last {window} (the end) | ratio | target |")
     print("|---|---:|---:|---:|---|")
     print(
@@ -323,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         "history) instead of the stream session's 100 each (Spark's default: 1000)",
     )  # fmt: skip
     parser.add_argument(
+        "--progress-metrics", action="store_true",
+        help="the stream's --progress-metrics: each micro-batch's figures counted and "
+        "observed by a companion query, whose progress the listener counts",
+    )  # fmt: skip
+    parser.add_argument(
         "--histogram", action="store_true",
         help="also the JVM's live objects by class (jcmd) at the first window's end and the "
         "end, and the classes that grew most",
@@ -368,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint=str(ck), trigger="interval=100ms", max_files_per_trigger=1,
         partitions=args.partitions, quiet=True, clean_source=args.clean_source,
         source_archive_dir=str(work / "archive") if args.clean_source == "archive" else None,
+        progress_metrics=args.progress_metrics,
     )  # fmt: skip
     soak = Soak(args.batches)
     spark.streams.addListener(_listener(soak))

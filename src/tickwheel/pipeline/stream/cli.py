@@ -34,6 +34,12 @@ def add_stream_arguments(parser: Any) -> None:
         "format), drop what the old rules left and go on, saying what was dropped",
     )
     parser.add_argument(
+        "--progress-metrics",
+        action="store_true",
+        help="put each micro-batch's figures in Spark's StreamingQueryProgress, as the "
+        "observed metrics 'tickwheel' of a companion query (costs a Spark job a micro-batch)",
+    )
+    parser.add_argument(
         "--trigger",
         default="available-now",
         help="once | available-now (default) | interval=30s (runs until stopped)",
@@ -139,6 +145,7 @@ def run_stream_command(args: Any) -> int:
             jit=args.jit,
             quiet=args.quiet,
             drop_incompatible_state=args.drop_incompatible_state,
+            progress_metrics=args.progress_metrics,
         )
         with StreamJob(config) as job:
             job.run()

@@ -50,6 +50,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -145,15 +146,17 @@ class BatchRunner:
     """``foreachBatch``'s function: each micro-batch once, in order, with its progress line.
 
     ``process(frame, batch_id)`` computes and commits the micro-batch from what
-    the query hands over, and returns its plan and its counts. A micro-batch
-    ends with a full collection of Python's garbage when the last one is
-    :data:`FULL_COLLECTION_EVERY_S` old.
+    the query hands over, and returns its plan and its counts; ``publish``, if
+    given, then receives the batch id and the counts with the watermark (the
+    figures of :mod:`.progress`). A micro-batch ends with a full collection of
+    Python's garbage when the last one is :data:`FULL_COLLECTION_EVERY_S` old.
     """
 
     store: StateStore
     sink: BatchSink
     process: Callable[[DataFrame, int], tuple[Mapping[str, Any], dict[str, Any]]]
     quiet: bool = False
+    publish: Callable[[int, Mapping[str, Any]], None] | None = None
     batches_run: int = 0
     totals: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -175,6 +178,8 @@ class BatchRunner:
         fault("batch_start", batch_id)
         plan, counts = self.process(frame, batch_id)
         self._report(batch_id, plan, counts, time.perf_counter() - started)
+        if self.publish is not None:
+            self.publish(batch_id, counts)
         self._collect_garbage()
 
     def _collect_garbage(self) -> None:
@@ -340,6 +345,7 @@ def start_stream(
     jdbc_url: str | None = None,
     quiet: bool = True,
     drop_incompatible_state: bool = False,
+    progress_metrics: bool = False,
 ) -> StreamingQuery:
     """Start the delayed operations of a streaming ``records`` frame; return its query.
 
@@ -369,6 +375,13 @@ def start_stream(
     :class:`~.evolution.RulesChangeRefused` before the query starts, unless
     ``drop_incompatible_state`` drops what the old rules left; a checkpoint in
     a newer state format than this release reads raises :class:`StreamError`.
+
+    ``progress_metrics`` puts each micro-batch's figures in Spark's
+    ``StreamingQueryProgress``, where a ``StreamingQueryListener`` reads them:
+    as ``observedMetrics["tickwheel"]`` of a companion query, ``tickwheel
+    progress of <query id>``, which stops after this one (:mod:`.progress`
+    has the fields). It costs one Spark job per micro-batch, which counts the
+    outcomes, and the companion's own micro-batches.
     """
     from ..sinks import as_sink, make_sink
 
@@ -388,6 +401,11 @@ def start_stream(
         input_format=input_format,
         rows_per_partition=MICRO_BATCH_ROWS_PER_PARTITION,
     )
+    spool = None
+    if progress_metrics:
+        from .progress import ProgressSpool
+
+        spool = ProgressSpool(uuid.uuid4().hex)
     _, store, lock = _checkpoint_root(checkpoint, spark)
     try:
         adjustment = _before_first_batch(
@@ -403,10 +421,14 @@ def start_stream(
         def process(frame: DataFrame, batch_id: int) -> tuple[Mapping[str, Any], dict[str, Any]]:
             plan = store.plan(batch_id, lambda: _new_plan(batch_id, input_format=input_format))
             batch = MicroBatchInput(frame, plan)
-            micro_batch = MicroBatch(rules, store, batch_sink, options, batch, adjustment)
+            micro_batch = MicroBatch(
+                rules, store, batch_sink, options, batch, adjustment,
+                outcome_counts=spool is not None,
+            )  # fmt: skip
             return batch.plan, micro_batch.run()
 
-        runner = BatchRunner(store, batch_sink, process, quiet=quiet)
+        publish = spool.write if spool is not None else None
+        runner = BatchRunner(store, batch_sink, process, quiet=quiet, publish=publish)
         writer = records.writeStream.foreachBatch(runner).option(
             "checkpointLocation", _spark_checkpoint(absolute(checkpoint))
         )
@@ -414,14 +436,49 @@ def start_stream(
     except BaseException:
         lock.release()
         raise
+    companion = None
+    if spool is not None:
+        from .progress import start_progress_query
+
+        try:
+            companion = start_progress_query(spark, str(query.id), spool)
+        except BaseException:
+            query.stop()
+            lock.release()
+            raise
     lock.in_use = lambda: bool(query.isActive)
-    _release_when_done(spark, query, lock)
+    _release_when_done(spark, query, lock, companion)
     return query
 
 
-def _release_when_done(spark: SparkSession, query: StreamingQuery, lock: CheckpointOwner) -> None:
-    """Release ``lock`` when ``query`` terminates, however it ends."""
+def _drain_and_stop(companion: StreamingQuery) -> None:
+    """Let ``companion`` read what its spool holds, then stop it. Bounded by its own
+    micro-batches: a failed companion raises at once."""
+    with contextlib.suppress(Exception):  # a failed companion is stopped all the same
+        companion.processAllAvailable()
+    companion.stop()
+
+
+def _release_when_done(
+    spark: SparkSession,
+    query: StreamingQuery,
+    lock: CheckpointOwner,
+    companion: StreamingQuery | None = None,
+) -> None:
+    """Release ``lock`` when ``query`` terminates, however it ends; then let the
+    ``companion`` query (:mod:`.progress`) read what is left and stop it."""
     from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    ended = threading.Lock()
+
+    def after_query() -> None:
+        if not ended.acquire(blocking=False):  # the listener and the check below may both call
+            return
+        lock.release()
+        if companion is not None:
+            # Spark Connect calls listeners holding a lock that the companion's
+            # calls need: wait for it from another thread.
+            threading.Thread(target=_drain_and_stop, args=(companion,), daemon=True).start()
 
     class Release(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
@@ -435,7 +492,7 @@ def _release_when_done(spark: SparkSession, query: StreamingQuery, lock: Checkpo
 
         def onQueryTerminated(self, event: Any) -> None:
             if str(event.id) == str(query.id):
-                lock.release()
+                after_query()
                 # Spark Connect's client calls listeners holding the lock that
                 # removeListener takes: remove it from another thread.
                 threading.Thread(
@@ -444,7 +501,7 @@ def _release_when_done(spark: SparkSession, query: StreamingQuery, lock: Checkpo
 
     spark.streams.addListener(Release())
     if not query.isActive:  # ended before the listener was in place
-        lock.release()
+        after_query()
 
 
 @dataclass(frozen=True)
@@ -472,6 +529,8 @@ class StreamConfig:
     quiet: bool = False
     # Go on past a rules change the state cannot follow, dropping what it concerns.
     drop_incompatible_state: bool = False
+    # Each micro-batch's figures in Spark's progress, through a companion query.
+    progress_metrics: bool = False
     # Spark's file source options: what becomes of a file once its batch is
     # committed (off | archive | delete; archive moves it to source_archive_dir),
     # and the age (a duration: "7d") past which a listing ignores a file, relative
@@ -696,8 +755,9 @@ class StreamJob:
         assert self.sink is not None and self.options is not None
         batch = self._files_input(plan)
         return MicroBatch(
-            self.rules, self.store, self.sink, self.options, batch, self._adjustment
-        ).run()
+            self.rules, self.store, self.sink, self.options, batch, self._adjustment,
+            outcome_counts=self.config.progress_metrics,
+        ).run()  # fmt: skip
 
     def _files_input(self, plan: Mapping[str, Any]) -> MicroBatchInput:
         """The plan's files as the micro-batch's records, refused files and heartbeats."""
@@ -805,16 +865,27 @@ class StreamJob:
             if self.input_format in ("csv", "parquet")
             else self.input_format,
         )
-        runner = BatchRunner(self.store, self.sink, self._on_batch, quiet=config.quiet)
+        spool = None
+        if config.progress_metrics:
+            from .progress import ProgressSpool, start_progress_query
+
+            spool = ProgressSpool(uuid.uuid4().hex)
+        publish = spool.write if spool is not None else None
+        runner = BatchRunner(self.store, self.sink, self._on_batch, config.quiet, publish)
         writer = self._source(spark).writeStream.foreachBatch(runner)
         writer = writer.option("checkpointLocation", _spark_checkpoint(self.checkpoint))
         started = time.perf_counter()
         query = _with_trigger(writer, config.trigger).start()
+        companion = None
         try:
+            if spool is not None:
+                companion = start_progress_query(spark, str(query.id), spool)
             query.awaitTermination()
         finally:
             if query.isActive:
                 query.stop()
+            if companion is not None:
+                _drain_and_stop(companion)
         summary = runner.summary(time.perf_counter() - started)
         if not is_classic(spark):
             # foreachBatch ran in a process beside the Connect server, which printed

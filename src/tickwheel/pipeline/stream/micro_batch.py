@@ -56,15 +56,19 @@ class MicroBatch:
         options: StepOptions,
         batch: MicroBatchInput,
         adjustment: StateAdjustment | None = None,
+        outcome_counts: bool = False,
     ) -> None:
         """O(1): nothing is read until :meth:`run`.
 
         ``adjustment`` (:func:`.evolution.check_rules_change`) says what to drop
         from the state of the batch it names, when this batch carries that one.
+        ``outcome_counts`` adds the rejected records and the operations
+        completed, expired, cancelled and still pending to the counts :meth:`run`
+        returns, at the cost of one Spark job over the cached rows.
         """
         self.rules, self.store, self.sink, self.batch = rules, store, sink, batch
         self.batch_id = int(batch.plan["batch_id"])
-        self.options = options
+        self.options, self.outcome_counts = options, outcome_counts
         self.spark = batch.records.sparkSession
         self.previous = store.latest_before(self.batch_id)
         self.meta: dict[str, Any] = store.meta(self.previous) if self.previous is not None else {}
@@ -176,7 +180,13 @@ class MicroBatch:
                 empty={t for t, n in rows.items() if not n},
                 small=step.placement.small,
             )
-        return {**reported, "watermark": meta["watermark"], "warnings": warnings}
+            more: dict[str, int] = {}
+            if self.outcome_counts:  # after the writes, which cached the rows
+                outcomes = step.stats().outcomes
+                more["rejected"] = counts.rejected_total
+                for outcome in ("completed", "expired", "cancelled", "pending"):
+                    more[outcome] = outcomes.get(outcome, 0)
+        return {**reported, **more, "watermark": meta["watermark"], "warnings": warnings}
 
     def commit(
         self,

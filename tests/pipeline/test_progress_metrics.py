@@ -1,0 +1,187 @@
+"""Each micro-batch's figures in Spark's ``StreamingQueryProgress``, read by a listener.
+
+``start_stream(..., progress_metrics=True)`` spools the figures and a
+companion query observes them (:mod:`tickwheel.pipeline.stream.progress`).
+The listener's rows are checked against the rows the sink committed for the
+same batch id, the checkpoint, and the plain-Python reference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipeline_helpers import COLUMNS
+from stream_support import feed, fresh, write_rules
+
+from support.reference import iter_input_lines, run_reference
+from tickwheel.pipeline import checkpoint_status, start_stream
+from tickwheel.pipeline.generate import generate_orders
+from tickwheel.pipeline.rules import load_rules
+from tickwheel.pipeline.sinks import ParquetSink
+from tickwheel.pipeline.stream.job import BatchRunner, read_stream_outputs
+from tickwheel.pipeline.stream.progress import (
+    FIGURES,
+    OBSERVATION,
+    SPOOLED,
+    ProgressReader,
+    ProgressSpool,
+)
+
+#: Bounds every wait on a streaming query or its listener.
+TIMEOUT_S = 240
+
+
+def test_the_spool_gives_one_micro_batch_a_read_in_order() -> None:
+    """The reader's offsets are batch ids; a commit forgets, a stop removes the spool."""
+    spool = ProgressSpool(f"test-{time.monotonic_ns()}")
+    reader = ProgressReader({"spool": spool.token})
+    rows, end = reader.read(reader.initialOffset())
+    assert (list(rows), end) == ([], {"batch": -1})
+    for batch_id in (3, 1, 2):
+        spool.write(batch_id, {"events": 10 * batch_id, "watermark": None, "ignored": 7})
+    rows, end = reader.read({"batch": -1})
+    assert end == {"batch": 1}
+    assert list(rows) == [tuple(1 if n == "batch_id" else 10 if n == "events" else None
+                                for n in SPOOLED)]  # fmt: skip
+    rows, end = reader.read(end)
+    assert end == {"batch": 2} and [r[SPOOLED.index("events")] for r in rows] == [20]
+    assert [r[0] for r in reader.readBetweenOffsets({"batch": 0}, {"batch": 3})] == [1, 2, 3]
+    reader.commit({"batch": 2})
+    assert spool.batch_ids() == [3]
+    reader.stop()
+    assert spool.batch_ids() == []
+    assert not Path(spool.path).exists()
+
+
+def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None:
+    """``publish`` receives the batch id and the counts, warnings apart; a replay of a
+    committed batch publishes nothing."""
+
+    class Store:
+        root = str(tmp_path)
+
+        def __init__(self) -> None:
+            self.done: list[int] = []
+
+        def is_committed(self, batch_id: int) -> bool:
+            return batch_id in self.done
+
+        def committed(self) -> list[int]:
+            return self.done
+
+    store = Store()
+    published: list[tuple[int, dict[str, Any]]] = []
+
+    def process(frame: Any, batch_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        store.done.append(batch_id)
+        return {}, {"events": 5, "expired": 2, "watermark": 1000, "warnings": ["w"]}
+
+    runner = BatchRunner(store, None, process, quiet=True,  # type: ignore[arg-type]
+                         publish=lambda b, counts: published.append((b, dict(counts))))  # fmt: skip
+    runner(None, 0)  # type: ignore[arg-type]
+    runner(None, 0)  # type: ignore[arg-type]
+    assert published == [(0, {"events": 5, "expired": 2, "watermark": 1000})]
+
+
+class FiguresListener:
+    """Collects the ``tickwheel`` observations of one query's companion."""
+
+    def __init__(self) -> None:
+        from pyspark.sql.streaming.listener import StreamingQueryListener
+
+        self.rows: list[dict[str, Any]] = []
+        self.seen = threading.Condition()
+        outer = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                row = event.progress.observedMetrics.get(OBSERVATION)
+                if row is not None:
+                    with outer.seen:
+                        outer.rows.append(row.asDict())
+                        outer.seen.notify_all()
+
+        self.listener = Listener()
+
+    def wait_for(self, query_id: str, batches: int) -> dict[int, dict[str, Any]]:
+        """The figures of ``batches`` micro-batches of ``query_id``, by batch id."""
+        deadline = time.monotonic() + TIMEOUT_S
+        with self.seen:
+            while True:
+                mine = {r["batch_id"]: r for r in self.rows if r["query_id"] == query_id}
+                left = deadline - time.monotonic()
+                if len(mine) >= batches or left <= 0:
+                    return mine
+                self.seen.wait(left)
+
+
+def _per_batch(frame: Any, column: str) -> Counter[tuple[int, str]]:
+    return Counter((r["batch_id"], r[column]) for r in frame.select("batch_id", column).collect())
+
+
+@pytest.mark.spark
+@pytest.mark.connect
+def test_a_listener_reads_each_micro_batchs_figures(spark: Any, tmp_path: Path) -> None:
+    """Four micro-batches of orders: each one's events, outcomes, rejects and pending
+    operations, as Spark's progress carries them, are what it committed."""
+    gen = tmp_path / "gen"
+    generate_orders(300, gen, seed=5, files=8, mean_gap_ms=20_000)
+    rules_path = write_rules(tmp_path / "rules.toml")
+    ref = run_reference(iter_input_lines(gen), load_rules(rules_path))
+    feed(sorted(gen.glob("part-*.jsonl")), fresh(tmp_path / "in"), 4)
+
+    figures = FiguresListener()
+    spark.streams.addListener(figures.listener)
+    try:
+        records = spark.readStream.option("maxFilesPerTrigger", 1).text(str(tmp_path / "in"))
+        query = start_stream(records, rules_path, output=str(tmp_path / "out"),
+                             checkpoint=str(tmp_path / "ck"), trigger="available-now",
+                             progress_metrics=True)  # fmt: skip
+        assert query.awaitTermination(TIMEOUT_S), "the query did not finish in time"
+        assert query.exception() is None, query.exception()
+        by_batch = figures.wait_for(str(query.id), 4)
+    finally:
+        spark.streams.removeListener(figures.listener)
+
+    assert sorted(by_batch) == [0, 1, 2, 3]
+    assert all(set(row) == set(FIGURES) for row in by_batch.values())
+    outs = read_stream_outputs(spark, ParquetSink(str(tmp_path / "out")), str(tmp_path / "ck"))
+    final = outs["outcomes"].where("outcome != 'pending'")
+    outcomes = _per_batch(final, "outcome")
+    rejected = Counter(r["batch_id"] for r in outs["rejected"].select("batch_id").collect())
+    for batch_id, row in by_batch.items():
+        for outcome in ("completed", "expired", "cancelled"):
+            assert row[outcome] == outcomes[(batch_id, outcome)], (batch_id, outcome, row)
+        assert row["rejected"] == rejected[batch_id], (batch_id, row)
+    # Across the batches, what the reference gives for the whole input.
+    ref_outcomes = Counter(r[COLUMNS["outcomes"].index("outcome")] for r in ref.outcomes)
+    for outcome in ("completed", "expired", "cancelled"):
+        assert sum(r[outcome] for r in by_batch.values()) == ref_outcomes[outcome]
+    status = checkpoint_status(str(tmp_path / "ck"))
+    assert by_batch[3]["pending"] == status["pending"]["total"] == ref_outcomes["pending"]
+    assert by_batch[3]["watermark"] == status["watermark"]
+    assert sum(r["events"] for r in by_batch.values()) > 0
+    assert [r["watermark"] for r in by_batch.values()] == sorted(
+        r["watermark"] for r in by_batch.values()
+    )
+
+    # The companion stops once it has read what the query left.
+    deadline = time.monotonic() + TIMEOUT_S
+    name = f"tickwheel progress of {query.id}"
+    while any(q.name == name for q in spark.streams.active) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(q.name == name for q in spark.streams.active)
