@@ -69,6 +69,8 @@ TIMEOUT = "30m"
 ORDER_GAP_MS = 6_000
 #: How long a wait for the stream may take before the run is called stuck.
 STUCK_S = 120.0
+#: The name of a --progress-metrics companion query starts so.
+COMPANION = "tickwheel progress of"
 
 
 def _rules(path: Path, retention: str) -> Path:
@@ -176,8 +178,9 @@ def _listener(soak: Soak) -> Any:
 
         def onQueryProgress(self, event: Any) -> None:
             p = event.progress
-            if (p.name or "").startswith("tickwheel progress of"):  # --progress-metrics
-                soak.figures += "tickwheel" in p.observedMetrics
+            if (p.name or "").startswith(COMPANION):  # --progress-metrics
+                report = p.observedMetrics.get("tickwheel")
+                soak.figures += report.batches if report is not None else 0
                 return
             soak.progressed(p.batchId, p.durationMs.get("triggerExecution", 0) / 1000)
 
@@ -384,9 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     spark.streams.addListener(_listener(soak))
     samples: dict[str, Any] = {}
 
-    def stop() -> None:
+    def stop() -> None:  # the job's query: its progress companion then stops after it
         for query in spark.streams.active:
-            query.stop()
+            if not (query.name or "").startswith(COMPANION):
+                query.stop()
 
     feeder = threading.Thread(
         target=_feed_and_sample,

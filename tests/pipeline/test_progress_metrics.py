@@ -25,8 +25,10 @@ from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.job import BatchRunner, read_stream_outputs
 from tickwheel.pipeline.stream.progress import (
-    FIGURES,
+    COUNTERS,
+    GAUGES,
     OBSERVATION,
+    REPORT,
     SPOOLED,
     ProgressReader,
     ProgressSpool,
@@ -36,21 +38,25 @@ from tickwheel.pipeline.stream.progress import (
 TIMEOUT_S = 240
 
 
-def test_the_spool_gives_one_micro_batch_a_read_in_order() -> None:
-    """The reader's offsets are batch ids; a commit forgets, a stop removes the spool."""
+def test_the_spool_gives_what_waits_in_batch_order() -> None:
+    """The reader's offsets are batch ids; a read takes every figure waiting, a commit
+    forgets them, a stop removes the spool."""
     spool = ProgressSpool(f"test-{time.monotonic_ns()}")
     reader = ProgressReader({"spool": spool.token})
     rows, end = reader.read(reader.initialOffset())
     assert (list(rows), end) == ([], {"batch": -1})
     for batch_id in (3, 1, 2):
         spool.write(batch_id, {"events": 10 * batch_id, "watermark": None, "ignored": 7})
-    rows, end = reader.read({"batch": -1})
-    assert end == {"batch": 1}
-    assert list(rows) == [tuple(1 if n == "batch_id" else 10 if n == "events" else None
-                                for n in SPOOLED)]  # fmt: skip
-    rows, end = reader.read(end)
-    assert end == {"batch": 2} and [r[SPOOLED.index("events")] for r in rows] == [20]
-    assert [r[0] for r in reader.readBetweenOffsets({"batch": 0}, {"batch": 3})] == [1, 2, 3]
+    rows, end = reader.read({"batch": 1})
+    assert end == {"batch": 3}
+    events = SPOOLED.index("events")
+    assert [(r[0], r[events]) for r in rows] == [(2, 20), (3, 30)]
+    rows, _ = reader.read({"batch": -1})
+    first = next(rows)
+    assert first == tuple(1 if n == "batch_id" else 10 if n == "events" else None
+                          for n in SPOOLED)  # fmt: skip
+    assert reader.read(end)[1] == end
+    assert [r[0] for r in reader.readBetweenOffsets({"batch": 0}, {"batch": 2})] == [1, 2]
     reader.commit({"batch": 2})
     assert spool.batch_ids() == [3]
     reader.stop()
@@ -89,12 +95,12 @@ def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None
 
 
 class FiguresListener:
-    """Collects the ``tickwheel`` observations of one query's companion."""
+    """Collects the ``tickwheel`` reports of the companions, checking each adds up."""
 
     def __init__(self) -> None:
         from pyspark.sql.streaming.listener import StreamingQueryListener
 
-        self.rows: list[dict[str, Any]] = []
+        self.reports: list[dict[str, Any]] = []
         self.seen = threading.Condition()
         outer = self
 
@@ -112,21 +118,36 @@ class FiguresListener:
                 row = event.progress.observedMetrics.get(OBSERVATION)
                 if row is not None:
                     with outer.seen:
-                        outer.rows.append(row.asDict())
+                        outer.reports.append(row.asDict(recursive=True))
                         outer.seen.notify_all()
 
         self.listener = Listener()
 
-    def wait_for(self, query_id: str, batches: int) -> dict[int, dict[str, Any]]:
-        """The figures of ``batches`` micro-batches of ``query_id``, by batch id."""
+    def micro_batches(self, query_id: str, batches: int) -> dict[int, dict[str, Any]]:
+        """The figures of ``batches`` micro-batches of ``query_id``, by batch id, once
+        that many were reported (or the timeout passed)."""
         deadline = time.monotonic() + TIMEOUT_S
         with self.seen:
             while True:
-                mine = {r["batch_id"]: r for r in self.rows if r["query_id"] == query_id}
+                mine = [r for r in self.reports if r["query_id"] == query_id]
+                by_batch = {m["batch_id"]: m for r in mine for m in r["micro_batches"]}
                 left = deadline - time.monotonic()
-                if len(mine) >= batches or left <= 0:
-                    return mine
+                if len(by_batch) >= batches or left <= 0:
+                    break
                 self.seen.wait(left)
+        for report in mine:  # each report: the sums and the last micro-batch's gauges
+            assert set(report) == set(REPORT)
+            covered = sorted(report["micro_batches"], key=lambda m: m["batch_id"])
+            assert report["batches"] == len(covered)
+            if not covered:  # the companion's first micro-batch, which read nothing
+                assert {report[name] for name in (*COUNTERS, *GAUGES)} == {None}
+                continue
+            assert report["batch_id"] == covered[-1]["batch_id"]
+            for name in COUNTERS:
+                assert report[name] == sum(m[name] for m in covered), (name, report)
+            for name in GAUGES:
+                assert report[name] == covered[-1][name], (name, report)
+        return by_batch
 
 
 def _per_batch(frame: Any, column: str) -> Counter[tuple[int, str]]:
@@ -153,12 +174,12 @@ def test_a_listener_reads_each_micro_batchs_figures(spark: Any, tmp_path: Path) 
                              progress_metrics=True)  # fmt: skip
         assert query.awaitTermination(TIMEOUT_S), "the query did not finish in time"
         assert query.exception() is None, query.exception()
-        by_batch = figures.wait_for(str(query.id), 4)
+        by_batch = figures.micro_batches(str(query.id), 4)
     finally:
         spark.streams.removeListener(figures.listener)
 
     assert sorted(by_batch) == [0, 1, 2, 3]
-    assert all(set(row) == set(FIGURES) for row in by_batch.values())
+    assert all(set(row) == set(SPOOLED) for row in by_batch.values())
     outs = read_stream_outputs(spark, ParquetSink(str(tmp_path / "out")), str(tmp_path / "ck"))
     final = outs["outcomes"].where("outcome != 'pending'")
     outcomes = _per_batch(final, "outcome")
@@ -185,3 +206,38 @@ def test_a_listener_reads_each_micro_batchs_figures(spark: Any, tmp_path: Path) 
     while any(q.name == name for q in spark.streams.active) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(q.name == name for q in spark.streams.active)
+
+
+@pytest.mark.spark
+def test_the_command_lines_job_reports_to_listeners_and_stops_its_companion(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``tickwheel pipeline stream --progress-metrics``: the listener's figures add up
+    to the run's summary, and the companion has stopped when the job returns."""
+    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
+
+    gen = tmp_path / "gen"
+    generate_orders(150, gen, seed=7, files=3, mean_gap_ms=20_000)
+    rules_path = write_rules(tmp_path / "rules.toml")
+    feed(sorted(gen.glob("part-*.jsonl")), fresh(tmp_path / "in"), 3)
+    config = StreamConfig(
+        rules_path=str(rules_path), input=str(tmp_path / "in"), output=str(tmp_path / "out"),
+        checkpoint=str(tmp_path / "ck"), max_files_per_trigger=1, quiet=True,
+        progress_metrics=True,
+    )  # fmt: skip
+    figures = FiguresListener()
+    spark.streams.addListener(figures.listener)
+    try:
+        with StreamJob(config, spark=spark) as job:
+            summary = job.run()
+        assert not [q.name for q in spark.streams.active]
+        query_ids = {r["query_id"] for r in figures.reports}
+        assert len(query_ids) == 1, query_ids
+        by_batch = figures.micro_batches(query_ids.pop(), 3)
+    finally:
+        spark.streams.removeListener(figures.listener)
+    assert sorted(by_batch) == [0, 1, 2]
+    for name in ("events", "duplicates", "late", "completed", "expired", "cancelled"):
+        assert sum(r[name] for r in by_batch.values()) == summary[name], name
+    assert by_batch[2]["watermark"] == summary["watermark"]
+    assert summary["expired"] > 0 and summary["completed"] > 0

@@ -8,6 +8,8 @@
 * :mod:`.checkpoint`: the checkpoint's lock, state store, plans and fault points;
 * :mod:`.file_source`: the command line's source of files, in (modification
   time, name) order;
+* :mod:`.progress`: each micro-batch's figures in Spark's progress, through a
+  companion query;
 * :mod:`.cli`: the command line's options.
 
 Importing this package does not import pyspark.

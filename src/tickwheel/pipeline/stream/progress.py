@@ -11,20 +11,22 @@ where a streaming query can read them, and a second query reads them:
 1. the ``foreachBatch`` runner, after the commit, writes one small JSON file
    per micro-batch to a spool directory (:class:`ProgressSpool`) on the host
    that runs it: the driver's, or the Spark Connect server's;
-2. the companion query reads the spool through :class:`ProgressSource`
-   (a Python data source whose reader runs on that same host), one
-   micro-batch of the user's query per micro-batch of its own, and observes
-   each row under :data:`OBSERVATION` with Spark's ``observe``;
+2. the companion query reads the spool through :class:`ProgressSource` (a
+   Python data source whose reader runs on that same host): each of its
+   micro-batches takes every figure waiting, and Spark's ``observe`` sums
+   them under :data:`OBSERVATION`;
 3. Spark posts the companion's ``StreamingQueryProgress`` to every
    ``StreamingQueryListener``: ``event.progress.observedMetrics["tickwheel"]``
-   is a row of :data:`FIGURES`.
+   is a row of :data:`REPORT`, covering the micro-batches of the user's query
+   since the previous one, each also on its own in ``micro_batches``.
 
 The companion is named ``tickwheel progress of <query id>``, writes to
 Spark's ``noop`` sink with a temporary checkpoint, triggers every
-:data:`TRIGGER_INTERVAL`, and stops once it has read what the user's query
-left when that one ends. The spool is not state: a figure the companion has
-not read when the job dies is gone (the micro-batch's ``commits/N.json``
-keeps its counts).
+:data:`TRIGGER_INTERVAL` (so it keeps up with a query of any pace, at one
+micro-batch of its own a trigger at most), and stops once it has read what
+the user's query left when that one ends. The spool is not state: a figure
+the companion has not read when the job dies is gone (the micro-batch's
+``commits/N.json`` keeps its counts).
 """
 
 from __future__ import annotations
@@ -39,41 +41,51 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["FIGURES", "OBSERVATION", "ProgressSource", "ProgressSpool", "start_progress_query"]
+__all__ = [
+    "COUNTERS",
+    "GAUGES",
+    "OBSERVATION",
+    "REPORT",
+    "SPOOLED",
+    "ProgressSource",
+    "ProgressSpool",
+    "start_progress_query",
+]
 
 #: The name of the companion's observation in ``observedMetrics``.
 OBSERVATION = "tickwheel"
 
-#: The observed row's fields, in order: the user's query's id and micro-batch,
-#: then that micro-batch's figures (events applied, duplicate copies dropped,
-#: records rejected, events older than the watermark, operations completed,
-#: expired and cancelled, operations pending after it, the watermark in epoch
-#: milliseconds, null before the first event).
-FIGURES = (
-    "query_id",
-    "batch_id",
-    "events",
-    "duplicates",
-    "rejected",
-    "late",
-    "completed",
-    "expired",
-    "cancelled",
-    "pending",
-    "watermark",
-)
+#: What a micro-batch counted: new events kept, duplicate copies dropped,
+#: records rejected for any reason, valid records older than the watermark,
+#: operations completed, expired and cancelled. A report sums them.
+COUNTERS = ("events", "duplicates", "rejected", "late", "completed", "expired", "cancelled")
+
+#: What holds after a micro-batch: the operations pending, the watermark (epoch
+#: ms; null before the first event). A report gives the last micro-batch's.
+GAUGES = ("pending", "watermark")
+
+#: One micro-batch's figures, as the runner spools them (all integers).
+SPOOLED = ("batch_id", *COUNTERS, *GAUGES)
+
+#: The observed row's fields: the user's query's id (a string); ``batch_id``,
+#: the last micro-batch it covers, and ``batches``, how many; the
+#: :data:`COUNTERS` summed over them and the :data:`GAUGES` of the last; and
+#: ``micro_batches``, each one's :data:`SPOOLED` figures. A report with
+#: ``batches`` 0 covers none, its other figures null: Spark runs a new query's
+#: first micro-batch even with nothing to read.
+REPORT = ("query_id", "batch_id", "batches", *COUNTERS, *GAUGES, "micro_batches")
 
 SOURCE_NAME = "tickwheel_progress"
 
 #: How often the companion looks at the spool: a figure appears at most this
-#: long after its micro-batch commits.
+#: long after its micro-batch commits (plus the companion's own micro-batch).
 TRIGGER_INTERVAL = "1 second"
 
-#: What the runner spools: the figures without the query id, which the companion adds.
-SPOOLED = FIGURES[1:]
+#: At most this many micro-batches' figures in one report (one read of the spool).
+MAX_PER_READ = 1000
 
 
 class ProgressSpool:
@@ -135,7 +147,8 @@ class ProgressSpool:
 
 
 class ProgressReader(SimpleDataSourceStreamReader):
-    """One micro-batch's figures per read, in batch order; the offset is its batch id."""
+    """The figures waiting in the spool, at most :data:`MAX_PER_READ` a read, in batch
+    order; the offset is the last one's batch id."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.spool = ProgressSpool(options["spool"])
@@ -145,10 +158,10 @@ class ProgressReader(SimpleDataSourceStreamReader):
 
     def read(self, start: dict[str, int]) -> tuple[Iterator[tuple[Any, ...]], dict[str, int]]:
         after = int(start["batch"])
-        for batch_id in self.spool.batch_ids():
-            if batch_id > after:
-                return iter([self.spool.read(batch_id)]), {"batch": batch_id}
-        return iter([]), start
+        waiting = [b for b in self.spool.batch_ids() if b > after][:MAX_PER_READ]
+        if not waiting:
+            return iter([]), start
+        return iter([self.spool.read(b) for b in waiting]), {"batch": waiting[-1]}
 
     def readBetweenOffsets(
         self, start: dict[str, int], end: dict[str, int]
@@ -183,13 +196,20 @@ class ProgressSource(DataSource):
 def start_progress_query(
     spark: SparkSession, query_id: str, spool: ProgressSpool
 ) -> StreamingQuery:
-    """Start the companion query that observes what ``spool`` receives. O(1) Spark calls."""
+    """Start the companion query that reports what ``spool`` receives. O(1) Spark calls."""
     from pyspark.sql import functions as F
 
     spark.dataSource.register(ProgressSource)
     figures = spark.readStream.format(SOURCE_NAME).option("spool", spool.token).load()
-    figures = figures.select(F.lit(query_id).alias("query_id"), *SPOOLED)
-    # One row per micro-batch of the companion: max() is that row's value.
-    observed = figures.observe(OBSERVATION, *[F.max(name).alias(name) for name in FIGURES])
-    writer = observed.writeStream.format("noop").queryName(f"tickwheel progress of {query_id}")
+    last = F.col("batch_id")
+    report: list[Column] = [
+        F.lit(query_id).alias("query_id"),
+        F.max(last).alias("batch_id"),
+        F.count(F.lit(1)).alias("batches"),
+        *[F.sum(name).alias(name) for name in COUNTERS],
+        *[F.max_by(name, last).alias(name) for name in GAUGES],
+        F.collect_list(F.struct(*SPOOLED)).alias("micro_batches"),
+    ]
+    writer = figures.observe(OBSERVATION, *report).writeStream.format("noop")
+    writer = writer.queryName(f"tickwheel progress of {query_id}")
     return writer.trigger(processingTime=TRIGGER_INTERVAL).start()
