@@ -8,6 +8,7 @@ same batch id, the checkpoint, and the plain-Python reference.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -92,6 +93,36 @@ def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None
     runner(None, 0)  # type: ignore[arg-type]
     runner(None, 0)  # type: ignore[arg-type]
     assert published == [(0, {"events": 5, "expired": 2, "watermark": 1000})]
+
+
+def test_a_spool_that_cannot_be_written_does_not_stop_the_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The figures are for watching: a full or unwritable temporary directory gives a
+    warning, and the micro-batch (committed already) stands."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("", encoding="utf-8")
+    monkeypatch.setattr(tempfile, "tempdir", str(blocker))
+    spool = ProgressSpool("unwritable")
+    done: list[int] = []
+
+    class Store:
+        root = str(tmp_path)
+
+        def is_committed(self, batch_id: int) -> bool:
+            return False
+
+        def committed(self) -> list[int]:
+            return []
+
+    def process(frame: Any, batch_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        done.append(batch_id)
+        return {}, {"events": 1, "watermark": 5, "warnings": []}
+
+    runner = BatchRunner(Store(), None, process, True, spool.write)  # type: ignore[arg-type]
+    runner(None, 4)  # type: ignore[arg-type]
+    assert done == [4] and runner.batches_run == 1
+    assert "batch 4: warning: its figures were not published" in capsys.readouterr().err
 
 
 class FiguresListener:

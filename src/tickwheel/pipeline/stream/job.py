@@ -179,7 +179,11 @@ class BatchRunner:
         plan, counts = self.process(frame, batch_id)
         self._report(batch_id, plan, counts, time.perf_counter() - started)
         if self.publish is not None:
-            self.publish(batch_id, counts)
+            try:
+                self.publish(batch_id, counts)
+            except OSError as exc:  # the figures are for watching: the stream goes on
+                print(f"tickwheel pipeline stream: batch {batch_id}: warning: its figures "
+                      f"were not published: {exc}", file=sys.stderr, flush=True)  # fmt: skip
         self._collect_garbage()
 
     def _collect_garbage(self) -> None:
