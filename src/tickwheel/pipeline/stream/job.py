@@ -70,7 +70,7 @@ from .checkpoint import (
     fault,
 )
 from .evolution import StateAdjustment, check_rules_change
-from .micro_batch import TABLES, MicroBatch, MicroBatchInput
+from .micro_batch import GAUGES, TABLES, MicroBatch, MicroBatchInput
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -203,7 +203,7 @@ class BatchRunner:
         self.warnings.extend(f"batch {batch_id}: {message}" for message in warnings)
         for name, value in counts.items():
             if isinstance(value, int) and not isinstance(value, bool):
-                self.totals[name] = self.totals.get(name, 0) + value
+                self.totals[name] = value if name in GAUGES else self.totals.get(name, 0) + value
         self.batches_run += 1
         files = plan.get("files")
         took = f"{len(files)} file(s), " if files is not None else ""
@@ -216,7 +216,8 @@ class BatchRunner:
         )
 
     def summary(self, seconds: float) -> dict[str, Any]:
-        """The run's summary: batches, totals, warnings and the last watermark. O(batches)."""
+        """The run's summary: batches, the counts' totals (of the gauges, the last
+        micro-batch's), warnings and the last watermark. O(batches)."""
         last = self.store.committed()
         summary: dict[str, Any] = {
             "batches_run": self.batches_run,

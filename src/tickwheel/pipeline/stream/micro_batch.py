@@ -29,10 +29,14 @@ if TYPE_CHECKING:
 
     from ..sinks import BatchSink
 
-__all__ = ["MicroBatch", "MicroBatchInput", "abnormal_batch_warnings"]
+__all__ = ["GAUGES", "MicroBatch", "MicroBatchInput", "abnormal_batch_warnings"]
 
 #: The tables a micro-batch gives its sink.
 TABLES = ("outcomes", "unmatched", "rejected", "late")
+
+#: The figures of :meth:`MicroBatch.run` that hold after the micro-batch, not of it
+#: (the operations pending, the watermark): a run's summary gives the last, not a sum.
+GAUGES = ("pending", "watermark")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
+from .micro_batch import GAUGES
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
@@ -63,9 +65,9 @@ OBSERVATION = "tickwheel"
 #: operations completed, expired and cancelled. A report sums them.
 COUNTERS = ("events", "duplicates", "rejected", "late", "completed", "expired", "cancelled")
 
-#: What holds after a micro-batch: the operations pending, the watermark (epoch
-#: ms; null before the first event). A report gives the last micro-batch's.
-GAUGES = ("pending", "watermark")
+#: :data:`~.micro_batch.GAUGES`, what holds after a micro-batch: the operations
+#: pending, the watermark (epoch ms; null before the first event). A report gives
+#: the last micro-batch's.
 
 #: One micro-batch's figures, as the runner spools them (all integers).
 SPOOLED = ("batch_id", *COUNTERS, *GAUGES)
