@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 
     from ..sinks import BatchSink, SinkFunction
     from .file_source import FileLog
+    from .progress import ProgressSpool
 
 __all__ = [
     "FAULT_POINTS",
@@ -390,27 +391,17 @@ def start_stream(
     """
     from ..sinks import as_sink, make_sink
 
-    if not records.isStreaming:
-        raise ValueError("start_stream takes a streaming DataFrame; for a batch one use "
-                         "delayed_operations")  # fmt: skip
+    _check_stream_arguments(records, sink, output, trigger)
     if not isinstance(rules, Rules):
         rules = load_rules(os.fspath(rules))
     spark = records.sparkSession
-    if trigger is not None:
-        parse_trigger(trigger)  # a bad trigger fails before the checkpoint is locked
-    if isinstance(sink, str) and output is None and sink not in ("postgresql", "postgres"):
-        raise ValueError(f"start_stream: the {sink} sink needs output=, a directory")
     options = StepOptions(
         partitions=partitions,
         max_future_ms=parse_max_future(max_future),
         input_format=input_format,
         rows_per_partition=MICRO_BATCH_ROWS_PER_PARTITION,
     )
-    spool = None
-    if progress_metrics:
-        from .progress import ProgressSpool
-
-        spool = ProgressSpool(uuid.uuid4().hex)
+    spool = _progress_spool(progress_metrics)
     _, store, lock = _checkpoint_root(checkpoint, spark)
     try:
         adjustment = _before_first_batch(
@@ -441,19 +432,49 @@ def start_stream(
     except BaseException:
         lock.release()
         raise
-    companion = None
-    if spool is not None:
-        from .progress import start_progress_query
-
-        try:
-            companion = start_progress_query(spark, str(query.id), spool)
-        except BaseException:
-            query.stop()
-            lock.release()
-            raise
+    try:
+        companion = _start_companion(spark, query, spool)
+    except BaseException:
+        query.stop()
+        lock.release()
+        raise
     lock.in_use = lambda: bool(query.isActive)
     _release_when_done(spark, query, lock, companion)
     return query
+
+
+def _check_stream_arguments(
+    records: DataFrame, sink: object, output: str | None, trigger: str | None
+) -> None:
+    """What :func:`start_stream` refuses before it locks the checkpoint. O(1)."""
+    if not records.isStreaming:
+        raise ValueError("start_stream takes a streaming DataFrame; for a batch one use "
+                         "delayed_operations")  # fmt: skip
+    if trigger is not None:
+        parse_trigger(trigger)
+    if isinstance(sink, str) and output is None and sink not in ("postgresql", "postgres"):
+        raise ValueError(f"start_stream: the {sink} sink needs output=, a directory")
+
+
+def _progress_spool(progress_metrics: bool) -> ProgressSpool | None:
+    """A new spool for ``progress_metrics`` (:mod:`.progress`), else None. O(1)."""
+    if not progress_metrics:
+        return None
+    from .progress import ProgressSpool
+
+    return ProgressSpool(uuid.uuid4().hex)
+
+
+def _start_companion(
+    spark: SparkSession, query: StreamingQuery, spool: ProgressSpool | None
+) -> StreamingQuery | None:
+    """The companion query that reports what ``query``'s micro-batches leave in
+    ``spool`` (:mod:`.progress`); None without a spool."""
+    if spool is None:
+        return None
+    from .progress import start_progress_query
+
+    return start_progress_query(spark, str(query.id), spool)
 
 
 def _drain_and_stop(companion: StreamingQuery) -> None:
@@ -870,11 +891,7 @@ class StreamJob:
             if self.input_format in ("csv", "parquet")
             else self.input_format,
         )
-        spool = None
-        if config.progress_metrics:
-            from .progress import ProgressSpool, start_progress_query
-
-            spool = ProgressSpool(uuid.uuid4().hex)
+        spool = _progress_spool(config.progress_metrics)
         publish = spool.write if spool is not None else None
         runner = BatchRunner(self.store, self.sink, self._on_batch, config.quiet, publish)
         writer = self._source(spark).writeStream.foreachBatch(runner)
@@ -883,8 +900,7 @@ class StreamJob:
         query = _with_trigger(writer, config.trigger).start()
         companion = None
         try:
-            if spool is not None:
-                companion = start_progress_query(spark, str(query.id), spool)
+            companion = _start_companion(spark, query, spool)
             query.awaitTermination()
         finally:
             if query.isActive:
