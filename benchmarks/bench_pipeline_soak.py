@@ -69,8 +69,6 @@ TIMEOUT = "30m"
 ORDER_GAP_MS = 6_000
 #: How long a wait for the stream may take before the run is called stuck.
 STUCK_S = 120.0
-#: The name of a --progress-metrics companion query starts so.
-COMPANION = "tickwheel progress of"
 
 
 def _rules(path: Path, retention: str) -> Path:
@@ -172,13 +170,15 @@ class Soak:
 def _listener(soak: Soak) -> Any:
     from pyspark.sql.streaming import StreamingQueryListener
 
+    from tickwheel.pipeline.stream.progress import COMPANION_PREFIX
+
     class Progress(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
             pass
 
         def onQueryProgress(self, event: Any) -> None:
             p = event.progress
-            if (p.name or "").startswith(COMPANION):  # --progress-metrics
+            if (p.name or "").startswith(COMPANION_PREFIX):  # --progress-metrics
                 report = p.observedMetrics.get("tickwheel")
                 soak.figures += report.batches if report is not None else 0
                 return
@@ -353,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     from tickwheel.pipeline.spark.class_archive import find
     from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
     from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.progress import COMPANION_PREFIX
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-soak-"))
     shutil.rmtree(work, ignore_errors=True)
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def stop() -> None:  # the job's query: its progress companion then stops after it
         for query in spark.streams.active:
-            if not (query.name or "").startswith(COMPANION):
+            if not (query.name or "").startswith(COMPANION_PREFIX):
                 query.stop()
 
     feeder = threading.Thread(

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = [
+    "COMPANION_PREFIX",
     "COUNTERS",
     "GAUGES",
     "OBSERVATION",
@@ -81,6 +82,9 @@ SPOOLED = ("batch_id", *COUNTERS, *GAUGES)
 REPORT = ("query_id", "batch_id", "batches", *COUNTERS, *GAUGES, "micro_batches")
 
 SOURCE_NAME = "tickwheel_progress"
+
+#: The companion's name, before the id of the query it reports.
+COMPANION_PREFIX = "tickwheel progress of "
 
 #: How often the companion looks at the spool: a figure appears at most this
 #: long after its micro-batch commits (plus the companion's own micro-batch).
@@ -158,9 +162,14 @@ class ProgressReader(SimpleDataSourceStreamReader):
     def initialOffset(self) -> dict[str, int]:
         return {"batch": -1}
 
+    def _waiting(self, after: int, through: int | None = None) -> list[int]:
+        """The batch ids in the spool after ``after`` (up to ``through``), at most
+        :data:`MAX_PER_READ` of them. O(files)."""
+        ids = [b for b in self.spool.batch_ids() if b > after and (through is None or b <= through)]
+        return ids[:MAX_PER_READ]
+
     def read(self, start: dict[str, int]) -> tuple[Iterator[tuple[Any, ...]], dict[str, int]]:
-        after = int(start["batch"])
-        waiting = [b for b in self.spool.batch_ids() if b > after][:MAX_PER_READ]
+        waiting = self._waiting(int(start["batch"]))
         if not waiting:
             return iter([]), start
         return iter([self.spool.read(b) for b in waiting]), {"batch": waiting[-1]}
@@ -169,8 +178,7 @@ class ProgressReader(SimpleDataSourceStreamReader):
         self, start: dict[str, int], end: dict[str, int]
     ) -> Iterator[tuple[Any, ...]]:
         """A replay of the companion's micro-batch: what is still in the spool."""
-        first, last = int(start["batch"]), int(end["batch"])
-        waiting = [b for b in self.spool.batch_ids() if first < b <= last]
+        waiting = self._waiting(int(start["batch"]), int(end["batch"]))
         return iter([self.spool.read(b) for b in waiting])
 
     def commit(self, end: dict[str, int]) -> None:
@@ -213,5 +221,5 @@ def start_progress_query(
         F.collect_list(F.struct(*SPOOLED)).alias("micro_batches"),
     ]
     writer = figures.observe(OBSERVATION, *report).writeStream.format("noop")
-    writer = writer.queryName(f"tickwheel progress of {query_id}")
+    writer = writer.queryName(f"{COMPANION_PREFIX}{query_id}")
     return writer.trigger(processingTime=TRIGGER_INTERVAL).start()
