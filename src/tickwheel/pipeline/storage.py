@@ -14,10 +14,14 @@ The operations are the few that hold on an object store as on a disk:
   at all (Spark's ``CheckpointFileManager.createAtomic`` for a URI: a hidden
   temporary file renamed to a name that must not exist; a hard link for a
   local path), and refuses a name that exists. Commits are made of these.
+* :meth:`Storage.rename` moves one file to a name that must not exist (a
+  staged output file to its published name): one step on a local disk, HDFS
+  and ABFS; a copy, then a delete, on S3 and GCS, whose copy still appears
+  whole;
 * :meth:`Storage.delete` removes a file or a tree (cleaning what a failed
   attempt left, or old states);
 * :meth:`Storage.exists`, :meth:`Storage.list_names`,
-  :meth:`Storage.read_bytes`, :meth:`Storage.size`.
+  :meth:`Storage.read_bytes`, :meth:`Storage.size`, :meth:`Storage.uri`.
 
 There is no rename of a directory and no overwrite of a file, because an
 object store has neither as one step.
@@ -121,6 +125,15 @@ class Storage(Protocol):
         """Remove the file or tree at ``path``; a missing one is fine."""
         ...
 
+    def rename(self, source: str, target: str) -> None:
+        """Move the file ``source`` to ``target``, a name that must not exist
+        (FileExistsError; FileNotFoundError without ``source``). Its parents are made."""
+        ...
+
+    def uri(self, path: str) -> str:
+        """``path`` as the URI Spark's readers name the file by."""
+        ...
+
     def size(self, path: str) -> int:
         """The length in bytes of the file at ``path``."""
         ...
@@ -195,6 +208,21 @@ class LocalStorage:
     def size(self, path: str) -> int:
         """O(1)."""
         return os.path.getsize(path)
+
+    def rename(self, source: str, target: str) -> None:
+        """A hard link at ``target`` (refused if the name exists), then ``source``
+        removed, then the directory fsynced. O(1)."""
+        directory = os.path.dirname(target) or "."
+        os.makedirs(directory, exist_ok=True)
+        os.link(source, target)
+        os.remove(source)
+        fsync_directory(directory)
+
+    def uri(self, path: str) -> str:
+        """A ``file://`` URI, percent-encoded. O(len)."""
+        from pathlib import Path
+
+        return Path(os.path.abspath(path)).as_uri()
 
     def list_files(self, directory: str) -> Iterator[tuple[str, int, int]]:
         """O(files); a file lists itself, as Hadoop's ``listFiles`` does."""
@@ -349,6 +377,24 @@ class HadoopStorage:
         """One metadata call."""
         jpath, fs = self._path(path)
         return int(fs.getFileStatus(jpath).getLen())
+
+    def rename(self, source: str, target: str) -> None:
+        """Hadoop's ``rename``, which refuses an existing target (on S3 and GCS a copy
+        and a delete). A few calls."""
+        jsource, fs = self._path(source)
+        jtarget, _ = self._path(target)
+        fs.mkdirs(jtarget.getParent())
+        if not fs.rename(jsource, jtarget):
+            if fs.exists(jtarget):
+                raise FileExistsError(target)
+            if not fs.exists(jsource):
+                raise FileNotFoundError(source)
+            raise OSError(f"{source}: could not be renamed to {target}")
+
+    def uri(self, path: str) -> str:
+        """The file system's qualified URI of ``path``. O(1) calls."""
+        jpath, fs = self._path(path)
+        return str(fs.makeQualified(jpath).toUri().toString())
 
     def list_files(self, directory: str) -> Iterator[tuple[str, int, int]]:
         """Hadoop's recursive ``listFiles``."""

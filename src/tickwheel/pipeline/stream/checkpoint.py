@@ -7,18 +7,35 @@ or any URI Spark writes (``hdfs://``, ``s3a://``, ``abfss://``...)::
     owners/T.json         the job holding the checkpoint, with its fencing token T
     owners/T.alive-K      its heartbeat (a URI checkpoint), owners/T.released its end
     plans/N.json          micro-batch N's write-ahead plan, made once
-    state/N/              the carried state after batch N (events/, ops/)
-    commits/N.json        the commit of batch N: its watermark, counts, state rows, and
-                          the rules, input format, state format and release it was made with
+    state/N/A/            the carried state after batch N as attempt A wrote it
+                          (events/, ops/); A is the owner's token and an attempt id
+    commits/N.json        the commit of batch N: the attempt whose state and outputs
+                          count, its watermark, counts and state rows, and the rules,
+                          input format, state format and release it was made with
+    commits/N.T.json      the same, where a fence by owner T holds N.json (below)
 
 Every file is created once, under a name that did not exist, and seen whole
 or not at all (:meth:`~..storage.Storage.create`); no directory is renamed and
 no file a reader may see is overwritten, which an object store could not do
-in one step. Batch ``N`` is committed when, and only when, ``commits/N.json``
-exists: ``state/N/`` without it is what a failed attempt left, which readers
-ignore and the next attempt deletes before it writes again. Each commit first
-checks that its job's token is still the newest (:meth:`CheckpointOwner.check`),
-so a job that lost the checkpoint to another never commits over it.
+in one step. Each attempt of a batch writes under names of its own, so a
+crashed or fenced attempt never mixes its files with another's. Batch ``N``
+is committed when, and only when, its commit file exists, and that file
+names the attempt that counts: what no commit names is never read, and the
+owner deletes it once the batch is committed (:meth:`StateStore.prune`).
+
+**Fencing.** A job that froze (a long GC pause, a suspended VM, a network
+partition) may wake after another job took the checkpoint over, and go on.
+Storage offers no compare-and-set but "create if absent", so the commit of a
+batch is a chain of such creates. Its first slot is ``commits/N.json``. A job
+that takes the checkpoint over first *fences* the first batch not committed,
+the one its predecessor may still be running: it creates, in that batch's
+free slot, a fence naming its own token ``T``, whose next slot,
+``commits/N.T.json``, only ``T`` commits in (or a later owner fences in turn,
+if ``T`` dies first). A predecessor that wakes finds its slot taken and stops
+(:class:`CheckpointFenced`); it never reaches a later batch, since batches
+commit in order. So every batch before the fence is its predecessors' (their
+commits stand, and any owner publishes their outputs alike), and every batch
+from the fence on is the new owner's alone.
 """
 
 from __future__ import annotations
@@ -33,8 +50,9 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..storage import Storage, create_json, is_uri, join, read_json
 
@@ -44,6 +62,8 @@ __all__ = [
     "FAULT_POINTS",
     "HEARTBEAT_ENV",
     "STATE_FORMAT",
+    "Attempt",
+    "CheckpointFenced",
     "CheckpointInUse",
     "CheckpointOwner",
     "StateStore",
@@ -59,19 +79,21 @@ HEARTBEAT_ENV = "TICKWHEEL_OWNER_HEARTBEAT_S"
 MISSED_BEATS = 3
 #: Where ``TICKWHEEL_FAULT=POINT:BATCH`` can kill the driver, in batch order.
 FAULT_POINTS = (
-    "batch_start",  # before anything of the batch is written
-    "mid_batch",  # after some outputs were staged, before the others
+    "batch_start",  # the batch found not committed; nothing of it written
+    "mid_batch",  # some outputs staged, the others being written
     "after_outputs",  # all outputs staged, next state maybe half-written
     "after_state",  # outputs and next state staged, nothing committed
-    "after_sink_commit",  # sink committed, checkpoint state not
-    "after_commit",  # state committed, Spark's own commit log not yet
+    "after_commit",  # the checkpoint committed the batch; its outputs not published
+    "after_sink_commit",  # outputs published in the sink; Spark's own commit log not yet
 )
 
 
 #: The version of the state's format that this release writes. It reads every
 #: earlier one: 1, the layout without ``commits/`` (``state/N/meta.json``); 2, the
-#: commit files, which record the rules, the input format and the release.
-STATE_FORMAT = 2
+#: commit files, which record the rules, the input format and the release; 3, a
+#: directory per attempt (``state/N/A/``), commits that name it and the sink's
+#: staged outputs, and the fenced commit slots (``commits/N.T.json``).
+STATE_FORMAT = 3
 
 
 class StreamError(RuntimeError):
@@ -82,26 +104,70 @@ class CheckpointInUse(StreamError):
     """Another job holds the checkpoint's lock."""
 
 
-def fault(point: str, batch_id: int) -> None:
-    """Kill this process with SIGKILL if ``TICKWHEEL_FAULT`` is ``point:batch_id`` (tests).
+class CheckpointFenced(StreamError):
+    """A newer job took the checkpoint over: this one stops, and writes nothing more."""
 
+    def __init__(self, checkpoint: str, ours: int | None, token: int, host: str | None) -> None:
+        """The message names the newer owner's token and host. O(1)."""
+        super().__init__(
+            f"checkpoint {checkpoint} was taken over by token {token} on host "
+            f"{host or 'unknown'}; this job (token {ours}) stops without writing again"
+        )
+        self.token, self.host = token, host
+
+
+def fault(point: str, batch_id: int) -> None:
+    """Stop at ``point`` of batch ``batch_id`` as ``TICKWHEEL_FAULT`` asks (tests).
+
+    ``POINT:BATCH`` kills this process with SIGKILL; ``POINT:BATCH:stop``
+    freezes its whole process group (its JVM and Python workers too) with
+    SIGSTOP, as a long GC pause or a suspended VM would, until a SIGCONT.
     The process is the one that runs ``foreachBatch``: the driver on a classic
     session, the Python process beside the server under Spark Connect, whose
     standard error reaches the client only through the server's log, if at
     all; so the message also goes to the file ``TICKWHEEL_FAULT_LOG`` names.
     """
     spec = os.environ.get(FAULT_ENV)
-    if spec and spec == f"{point}:{batch_id}":
-        message = f"tickwheel: fault injection: SIGKILL at {point} of batch {batch_id}\n"
-        sys.stderr.write(message)
-        sys.stderr.flush()
-        log = os.environ.get(FAULT_LOG_ENV)
-        if log:
-            with open(log, "a", encoding="utf-8") as fh:
-                fh.write(message)
-                fh.flush()
-                os.fsync(fh.fileno())
+    if not spec or not spec.startswith(f"{point}:{batch_id}"):
+        return
+    action = spec[len(f"{point}:{batch_id}") :]
+    if action not in ("", ":stop"):
+        return
+    signal_name = "SIGSTOP of the process group" if action else "SIGKILL"
+    message = f"tickwheel: fault injection: {signal_name} at {point} of batch {batch_id}\n"
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    log = os.environ.get(FAULT_LOG_ENV)
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(message)
+            fh.flush()
+            os.fsync(fh.fileno())
+    if action:
+        os.killpg(os.getpgrp(), signal.SIGSTOP)
+    else:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Attempt(NamedTuple):
+    """One attempt at a batch: its owner's fencing token and an id of its own.
+
+    Every file an attempt writes (the state, the sink's staged tables) is
+    under a name made of :attr:`tag`, so no two attempts share a file.
+    """
+
+    token: int | None
+    id: str
+
+    @classmethod
+    def new(cls, token: int | None) -> Attempt:
+        """A new attempt of the owner with ``token``. O(1)."""
+        return cls(token, uuid.uuid4().hex[:12])
+
+    @property
+    def tag(self) -> str:
+        """``t<token>-<id>``: the attempt's part of its files' names. O(1)."""
+        return f"t{self.token if self.token is not None else 0}-{self.id}"
 
 
 class CheckpointOwner:
@@ -119,6 +185,11 @@ class CheckpointOwner:
 
     Each commit calls :meth:`check`: a newer token means another job took
     over (after deciding we were gone), and this one stops before it writes.
+    That check is only the early word: between it and the write a job may
+    freeze, so the commit itself is fenced too (:class:`StateStore`, and
+    the module doc). Pickled (Spark Connect ships the state store to the
+    process that runs ``foreachBatch``), an owner carries its token and
+    host, not its lock or heartbeat, which stay with the job that took it.
 
     ``in_use``, when set, says whether the holder still needs the
     checkpoint (its query is active): a query that ended in this process
@@ -138,6 +209,11 @@ class CheckpointOwner:
         self._fd: int | None = None
         self._previous: dict[str, Any] | None = None
         self._beating: threading.Event | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The token and where it lives; the lock, the heartbeat and the callback stay
+        in the process that holds them. O(1)."""
+        return {**self.__dict__, "_fd": None, "_beating": None, "in_use": None}
 
     def _owner_path(self, token: int, suffix: str = ".json") -> str:
         return join(self.owners, f"{token}{suffix}")
@@ -263,14 +339,22 @@ class CheckpointOwner:
                 _wait_gone(pid, 60.0)
 
     def check(self) -> None:
-        """Raise :class:`StreamError` if a newer job took the checkpoint over. O(owners)."""
+        """Raise :class:`CheckpointFenced` if a newer job took the checkpoint over.
+        O(owners)."""
+        if self.token is None:
+            raise StreamError(f"checkpoint {_checkpoint_of(self.root)}: this job holds no "
+                              "ownership of it (released, or never taken)")  # fmt: skip
         tokens, _ = self._tokens()
-        if self.token is None or (tokens and tokens[-1] != self.token):
-            raise StreamError(
-                f"checkpoint {_checkpoint_of(self.root)}: another job took it over (owner token "
-                f"{tokens[-1] if tokens else None}, ours {self.token}); this job stops without "
-                "committing"
-            )
+        if tokens and tokens[-1] > self.token:
+            raise self.fenced_by(tokens[-1])
+
+    def fenced_by(self, token: int, host: str | None = None) -> CheckpointFenced:
+        """The error of this job, fenced by the owner with ``token`` (whose host is read
+        from its owner file when not given). O(1) calls."""
+        if host is None:
+            with contextlib.suppress(OSError, ValueError):
+                host = read_json(self.storage, self._owner_path(token)).get("host")
+        return CheckpointFenced(_checkpoint_of(self.root), self.token, token, host)
 
     def release(self) -> None:
         """Mark the end of this job's ownership. O(1)."""
@@ -321,11 +405,13 @@ def _wait_gone(pid: int, timeout: float) -> None:
 class StateStore:
     """The carried state after each batch, and the commits that make it count.
 
-    ``state/N/`` holds batch ``N``'s next state; ``commits/N.json`` (its
-    metadata) makes it the committed one. Checkpoints written before this
-    layout kept the metadata in ``state/N/meta.json`` (renamed into place);
-    they are read as committed. With an ``owner``, every commit checks its
-    fencing token first.
+    ``state/N/A/`` holds batch ``N``'s next state as attempt ``A`` wrote it;
+    the commit of ``N`` (its metadata, in the chain of slots the module doc
+    describes) names the attempt that counts. Checkpoints of format 2 kept
+    the state in ``state/N/`` and the commit in ``commits/N.json``; those of
+    format 1 kept the metadata in ``state/N/meta.json`` (renamed into
+    place): both are read as committed. With an ``owner``, every commit
+    checks its fencing token first and is fenced (:meth:`fence`).
     """
 
     def __init__(self, root: str, storage: Storage, owner: CheckpointOwner | None = None) -> None:
@@ -335,43 +421,84 @@ class StateStore:
         self.commits = join(root, "commits")
         self.plans = join(root, "plans")
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Shipped without its owner (Spark Connect's foreachBatch process): the client
-        holds the checkpoint. O(1)."""
-        return {**self.__dict__, "owner": None}
+    @property
+    def token(self) -> int | None:
+        """The owner's fencing token (None without an owner). O(1)."""
+        return self.owner.token if self.owner is not None else None
+
+    def _slot_ids(self) -> dict[int, int]:
+        """How many commit slot files each batch id has (``N.json``, ``N.T.json``).
+        One listing."""
+        found: dict[int, int] = {}
+        for name in self.storage.list_names(self.commits):
+            parts = name[:-5].split(".") if name.endswith(".json") else []
+            if parts and len(parts) <= 2 and all(p.isdigit() for p in parts):
+                found[int(parts[0])] = found.get(int(parts[0]), 0) + 1
+        return found
+
+    def _resolve(self, batch_id: int) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None]:
+        """Follow batch ``batch_id``'s chain of commit slots: (its commit, or None; the
+        commit's slot, or the free one; the last fence passed). O(chain) reads."""
+        path, fence = self._commit_path(batch_id), None
+        while True:
+            try:
+                content = read_json(self.storage, path)
+            except FileNotFoundError:
+                return None, path, fence
+            if not content.get("fence"):
+                return content, path, fence
+            fence = content
+            path = join(self.commits, f"{batch_id}.{int(content['token'])}.json")
 
     def committed(self) -> list[int]:
-        """The committed batch ids in order. O(batches kept)."""
+        """The committed batch ids in order. One listing, and O(1) reads: a batch with
+        one slot file below the newest is committed (a later batch could not have
+        committed otherwise), so only the newest and the fenced ones are read."""
+        slots = self._slot_ids()
+        newest = max(slots, default=None)
         ids = {
-            int(n[:-5])
-            for n in self.storage.list_names(self.commits)
-            if n.endswith(".json") and n[:-5].isdigit()
+            b
+            for b, count in slots.items()
+            if (count == 1 and b != newest) or self._resolve(b)[0] is not None
         }
-        for name in self.storage.list_names(self.state):  # the layout before commits/
-            legacy = name.isdigit() and int(name) not in ids
+        for name in self.storage.list_names(self.state):  # format 1: no commits/
+            legacy = name.isdigit() and int(name) not in ids and int(name) not in slots
             if legacy and self.storage.exists(join(self.state, name, "meta.json")):
                 ids.add(int(name))
         return sorted(ids)
 
     def is_committed(self, batch_id: int) -> bool:
-        """Whether batch ``batch_id`` committed. O(1) calls."""
-        return self.storage.exists(self._commit_path(batch_id)) or self.storage.exists(
+        """Whether batch ``batch_id`` committed. O(chain) reads."""
+        return self._resolve(batch_id)[0] is not None or self.storage.exists(
             join(self.path(batch_id), "meta.json")
         )
 
     def meta(self, batch_id: int) -> dict[str, Any]:
-        """The metadata committed with batch ``batch_id``. O(1) calls."""
-        try:
-            return read_json(self.storage, self._commit_path(batch_id))
-        except FileNotFoundError:
-            return read_json(self.storage, join(self.path(batch_id), "meta.json"))
+        """The metadata committed with batch ``batch_id`` (FileNotFoundError if it did
+        not commit). O(chain) reads."""
+        commit = self._resolve(batch_id)[0]
+        if commit is not None:
+            return commit
+        return read_json(self.storage, join(self.path(batch_id), "meta.json"))
 
     def _commit_path(self, batch_id: int) -> str:
         return join(self.commits, f"{batch_id}.json")
 
     def path(self, batch_id: int) -> str:
-        """Where batch ``batch_id``'s next state is written. O(1)."""
+        """Batch ``batch_id``'s directory of states (format 2: its state). O(1)."""
         return join(self.state, str(batch_id))
+
+    def attempt_path(self, batch_id: int, attempt: Attempt) -> str:
+        """Where ``attempt`` writes batch ``batch_id``'s next state. O(1)."""
+        return join(self.path(batch_id), attempt.tag)
+
+    def state_path(self, batch_id: int, meta: Mapping[str, Any] | None = None) -> str:
+        """Where committed batch ``batch_id``'s state is: the attempt its commit
+        (``meta``, read if not given) names. O(1) with ``meta``."""
+        if meta is None:
+            meta = self.meta(batch_id)
+        attempt = meta.get("attempt")
+        return self.path(batch_id) if attempt is None else join(self.path(batch_id), attempt)
 
     def latest_before(self, batch_id: int) -> int | None:
         """The newest committed batch before ``batch_id``. O(batches kept)."""
@@ -379,7 +506,11 @@ class StateStore:
         return ids[-1] if ids else None
 
     def plan(self, batch_id: int, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """The write-ahead plan of a batch: made once, reused when the batch replays."""
+        """The write-ahead plan of a batch: made once, reused when the batch replays.
+
+        The first attempt's plan holds for every attempt of the batch, whoever's
+        (it says what the batch is, as Spark's offset log does, not what it
+        made), so that all of them decide alike."""
         path = join(self.plans, f"{batch_id}.json")
         with contextlib.suppress(FileNotFoundError):
             return read_json(self.storage, path)
@@ -390,26 +521,92 @@ class StateStore:
             return read_json(self.storage, path)
         return plan
 
-    def begin(self, batch_id: int) -> str:
-        """Clear what a failed attempt of uncommitted ``batch_id`` left; its state path."""
-        path = self.path(batch_id)
-        self.storage.delete(path)
-        return path
+    def owns(self) -> bool:
+        """Whether this store's owner is still the newest (True without an owner): only
+        the owner cleans. O(owners)."""
+        if self.owner is None:
+            return True
+        try:
+            self.owner.check()
+        except StreamError:
+            return False
+        return True
 
-    def commit(self, batch_id: int, meta: Mapping[str, Any]) -> None:
-        """Commit batch ``batch_id``: one new file, ``commits/N.json``, after the fencing
-        check. It records the state format, the release and the time besides ``meta``."""
+    def _stamp(self) -> dict[str, Any]:
+        """What every commit and fence records of its writer. O(1)."""
         from ... import __version__
 
-        if self.owner is not None:
-            self.owner.check()
-        create_json(self.storage, self._commit_path(batch_id), {
-            **meta,
-            "owner_token": self.owner.token if self.owner else None,
+        return {
+            "owner_token": self.token,
+            "host": socket.gethostname(),
             "format": STATE_FORMAT,
             "tickwheel": __version__,
-            "committed_at_ms": int(time.time() * 1000),
-        })  # fmt: skip
+        }
+
+    def _fenced(self, token: int, host: str | None) -> CheckpointFenced:
+        if self.owner is not None:
+            return self.owner.fenced_by(token, host)
+        return CheckpointFenced(_checkpoint_of(self.root), self.token, token, host)
+
+    def _claim(self, batch_id: int) -> str:
+        """The slot of batch ``batch_id`` this owner may commit in, fencing a slot an
+        older owner fenced (:class:`CheckpointFenced` if a newer one did, or if the
+        batch is committed already: only a newer owner commits past our fence).
+        O(chain) reads."""
+        while True:
+            commit, path, fence = self._resolve(batch_id)
+            if commit is not None:
+                by = commit.get("owner_token")
+                if isinstance(by, int) and self.token is not None and by > self.token:
+                    raise self._fenced(by, commit.get("host"))
+                raise StreamError(f"checkpoint {_checkpoint_of(self.root)}: batch "
+                                  f"{batch_id} is committed already")  # fmt: skip
+            if fence is None or self.token is None or fence["token"] == self.token:
+                return path
+            if fence["token"] > self.token:
+                raise self._fenced(int(fence["token"]), fence.get("host"))
+            with contextlib.suppress(FileExistsError):  # an older owner's fence: ours on it
+                create_json(self.storage, path, {"fence": True, "token": self.token,
+                                                 **self._stamp()})  # fmt: skip
+
+    def fence(self) -> int:
+        """Fence the first batch not committed, which a predecessor that froze may still
+        be running, so that it can never commit (see the module doc); its id. A new
+        owner calls it once, before any batch. O(batches kept) reads."""
+        assert self.token is not None, "fencing needs an owner's token"
+        committed = self.committed()
+        batch_id = committed[-1] + 1 if committed else 0
+        while True:
+            commit, path, fence = self._resolve(batch_id)
+            if commit is not None:  # committed by a predecessor meanwhile: it stands
+                batch_id += 1
+                continue
+            if fence is not None and fence["token"] >= self.token:
+                if fence["token"] == self.token:
+                    return batch_id
+                raise self._fenced(int(fence["token"]), fence.get("host"))
+            try:
+                create_json(self.storage, path, {"fence": True, "token": self.token,
+                                                 **self._stamp()})  # fmt: skip
+            except FileExistsError:  # a commit or a fence came first: look again
+                continue
+            return batch_id
+
+    def commit(self, batch_id: int, meta: Mapping[str, Any]) -> dict[str, Any]:
+        """Commit batch ``batch_id``: one new file in its slot (:meth:`_claim`), after
+        the owner's check. It records the owner's token and host, the state format,
+        the release and the time besides ``meta`` (which names the attempt); the
+        record is returned. :class:`CheckpointFenced` if a newer owner took over."""
+        if self.owner is not None:
+            self.owner.check()
+        record = {**meta, **self._stamp(), "committed_at_ms": int(time.time() * 1000)}
+        while True:
+            path = self._claim(batch_id)
+            try:
+                create_json(self.storage, path, record)
+            except FileExistsError:  # a fence or a commit came first: look again
+                continue
+            return record
 
     def check_format(self) -> None:
         """Refuse (:class:`StreamError`) a checkpoint whose last commit is in a state format
@@ -417,9 +614,17 @@ class StateStore:
         from ... import __version__
 
         committed = self.committed()
+        newest = max(self._slot_ids(), default=None)
+        if newest is not None and newest not in committed:  # a fence: its format counts too
+            _, _, fence = self._resolve(newest)
+            if fence is not None and fence.get("format", 1) > STATE_FORMAT:
+                committed = [*committed, newest]
         if not committed:
             return
-        meta = self.meta(committed[-1])
+        try:
+            meta = self.meta(committed[-1])
+        except FileNotFoundError:  # only a fence of a newer release
+            meta = self._resolve(committed[-1])[2] or {}
         found = meta.get("format", 1)
         if not isinstance(found, int) or found > STATE_FORMAT:
             raise StreamError(
@@ -429,9 +634,15 @@ class StateStore:
                 "wrote it, or newer), or start a new checkpoint"
             )
 
-    def prune(self, batch_id: int) -> None:
-        """Keep the state of ``batch_id`` and the one before it; drop older states, their
-        commits, leftovers of failed attempts and older plans. O(batches kept)."""
+    def prune(self, batch_id: int, meta: Mapping[str, Any]) -> None:
+        """After the commit ``meta`` of ``batch_id``: drop what no commit will read.
+
+        Kept: the state of ``batch_id`` and of the committed batch before it.
+        Dropped: older states, commits and plans, and the other attempts'
+        states of ``batch_id`` (crashed or fenced ones: its commit names one).
+        Only committed batches are touched, so an attempt still running (one
+        that will be fenced) loses nothing a commit names. O(batches kept).
+        """
         keep = min(b for b in (batch_id, self.latest_before(batch_id)) if b is not None)
         for name in self.storage.list_names(self.state):
             if name.isdigit() and int(name) < keep:
@@ -444,3 +655,8 @@ class StateStore:
             stem = name.split(".")[0]
             if stem.isdigit() and int(stem) < batch_id:
                 self.storage.delete(join(self.plans, name))
+        named = meta.get("attempt")
+        if named is not None:
+            for name in self.storage.list_names(self.path(batch_id)):
+                if name != named and not name.startswith("."):
+                    self.storage.delete(join(self.path(batch_id), name))

@@ -5,8 +5,10 @@ source), loads the state the latest committed batch left
 (:meth:`~MicroBatch.carried_state`), runs the delayed-operations step of
 :mod:`tickwheel.pipeline.spark.step` on both, warns about abnormal batches,
 and :meth:`~MicroBatch.commit`\\ s: the outputs staged in the sink and the next
-state written in the checkpoint, then the sink's commit, then the one new
-file that is the commit point (see the commit protocol in :mod:`.job`).
+state written in the checkpoint, each under the attempt's own names; then the
+one new file that is the commit point, which names them; then the sink
+publishes what the commit named (:func:`publish_outputs`, which a replay after a
+crash repeats). See ``docs/pipeline-design.md``, "Commit protocol".
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..spark.frames import sql_name, write_parquet
 from ..spark.outputs import OPS_COLUMNS
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from ..storage import join
-from .checkpoint import StateStore, fault
+from .checkpoint import Attempt, StateStore, fault
 from .evolution import StateAdjustment, rules_record
 
 if TYPE_CHECKING:
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
     from ..sinks import BatchSink
 
-__all__ = ["GAUGES", "MicroBatch", "MicroBatchInput", "abnormal_batch_warnings"]
+__all__ = ["GAUGES", "MicroBatch", "MicroBatchInput", "abnormal_batch_warnings", "publish_outputs"]
 
 #: The tables a micro-batch gives its sink.
 TABLES = ("outcomes", "unmatched", "rejected", "late")
@@ -113,7 +115,7 @@ class MicroBatch:
     def _previous_path(self, name: str) -> str | None:
         if self.previous is None:
             return None
-        path = join(self.store.path(self.previous), name)
+        path = join(self.store.state_path(self.previous, self.meta), name)
         return path if self.store.storage.exists(path) else None
 
     def _previous_span(self) -> int | None:
@@ -200,31 +202,42 @@ class MicroBatch:
         empty: Collection[str] = (),
         small: bool = False,
     ) -> None:
-        """Stage the outputs and the next state (their Spark jobs overlap), then commit.
+        """Stage the outputs and the next state (their Spark jobs overlap), commit, then
+        publish.
 
-        Nothing is visible until both are staged; the new file
-        ``commits/N.json`` is the commit point (see the commit protocol in
-        :mod:`.job`).
-        Tables in ``empty`` are known to have no rows (from the counts): no
-        Spark job writes them. With ``small`` (:attr:`.step.Placement.small`)
-        the driver collects and writes the state and the sink's tables
+        This attempt writes under names of its own (:class:`~.checkpoint.Attempt`):
+        the state in ``state/N/<attempt>/``, the outputs where the sink stages
+        them, out of readers' sight. The commit point is one new file in the
+        batch's commit slot (:meth:`~.checkpoint.StateStore.commit`, fenced),
+        which names the attempt and what the sink staged; only then does the
+        sink publish it (:func:`publish_outputs`). Tables in ``empty`` are known to
+        have no rows (from the counts): no Spark job writes them. With
+        ``small`` (:attr:`.step.Placement.small`) the driver collects and
+        writes the state and the sink's tables
         (:func:`~..spark.frames.write_parquet`).
         """
         from concurrent.futures import ThreadPoolExecutor
 
         batch_id, sink, store = self.batch_id, self.sink, self.store
-        staged = store.begin(batch_id)
+        attempt = Attempt.new(store.token)
+        state_dir = store.attempt_path(batch_id, attempt)
+        staged = None
         with ThreadPoolExecutor(max_workers=2) as pool:
             state_writes = [
                 pool.submit(
-                    write_parquet, frame, join(staged, name), in_driver=small, storage=store.storage
+                    write_parquet,
+                    frame,
+                    join(state_dir, name),
+                    in_driver=small,
+                    storage=store.storage,
                 )
                 for name, frame in next_state.items()
             ]
-            if not sink.is_committed(batch_id):  # a replay after the sink's commit
-                sink.stage(
+            if not sink.is_committed(batch_id):  # published by a release before fencing
+                staged = sink.stage(
                     batch_id,
                     tables,
+                    attempt,
                     on_table=lambda _name: fault("mid_batch", batch_id),
                     empty=empty,
                     small=small,
@@ -232,13 +245,50 @@ class MicroBatch:
             fault("after_outputs", batch_id)
             for future in state_writes:
                 future.result()
-        rows = sum(store.storage.parquet_rows(join(staged, name)) for name in next_state)
+        rows = sum(store.storage.parquet_rows(join(state_dir, name)) for name in next_state)
         fault("after_state", batch_id)
-        sink.commit(batch_id)
-        fault("after_sink_commit", batch_id)
-        store.commit(batch_id, {**meta, "state_rows": rows})
+        record = store.commit(batch_id, {
+            **meta, "state_rows": rows, "attempt": attempt.tag,
+            "sink": {**sink_location(sink), "staged": staged},
+        })  # fmt: skip
         fault("after_commit", batch_id)
-        store.prune(batch_id)
+        publish_outputs(store, sink, batch_id, record)
+
+
+def sink_location(sink: BatchSink) -> dict[str, Any]:
+    """What the commit records of where its sink is, so that its outputs can be read
+    without building the sink again (:func:`.job.read_stream_outputs`). O(1)."""
+    locate = getattr(sink, "location", None)
+    return dict(locate()) if callable(locate) else {"name": getattr(sink, "name", "?")}
+
+
+def publish_outputs(
+    store: StateStore, sink: BatchSink, batch_id: int, meta: Mapping[str, Any] | None = None
+) -> bool:
+    """Publish committed batch ``batch_id`` in ``sink``: what its commit (``meta``,
+    read if not given) staged becomes visible, exactly once; then, if this job
+    still owns the checkpoint, the sink and the checkpoint drop what no commit
+    names. False when it was published already.
+
+    Any process that holds the commit may publish it: the job that committed,
+    or the next one rolling the batch forward when a crash came between the
+    commit and its publication (Spark then replays the batch, which is
+    committed). Both publish the same files, so either may win. O(the batch's
+    files) calls.
+    """
+    if meta is None:
+        meta = store.meta(batch_id)
+    staged = (meta.get("sink") or {}).get("staged")
+    published = False
+    if not sink.is_committed(batch_id):
+        published = sink.commit(batch_id, staged)
+    fault("after_sink_commit", batch_id)
+    if store.owns():  # only the owner cleans
+        clean = getattr(sink, "clean", None)
+        if callable(clean):
+            clean(batch_id)
+        store.prune(batch_id, meta)
+    return published
 
 
 def abnormal_batch_warnings(
