@@ -6,7 +6,7 @@ source), loads the state the latest committed batch left
 :mod:`tickwheel.pipeline.spark.step` on both, warns about abnormal batches,
 and :meth:`~MicroBatch.commit`\\ s: the outputs staged in the sink and the next
 state written in the checkpoint, then the sink's commit, then the one new
-file that is the commit point (see the commit protocol in :mod:`.job`).
+file that is the commit point (see the commit protocol in :mod:`.start`).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class MicroBatch:
 
         Nothing is visible until both are staged; the new file
         ``commits/N.json`` is the commit point (see the commit protocol in
-        :mod:`.job`).
+        :mod:`.start`).
         Tables in ``empty`` are known to have no rows (from the counts): no
         Spark job writes them. With ``small`` (:attr:`.step.Placement.small`)
         the driver collects and writes the state and the sink's tables
