@@ -14,7 +14,8 @@ from tickwheel.pipeline.rules import Rule, Rules, load_rules
 from tickwheel.pipeline.sinks import make_sink
 from tickwheel.pipeline.spark.records import INT_PATTERN, ISO_PATTERN
 from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
-from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
+from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 __all__ = [
     "INT_PATTERN", "ISO_PATTERN", "STREAM_SESSION_CONF", "Event", "PartitionProcessor", "Rule",

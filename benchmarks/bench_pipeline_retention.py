@@ -47,7 +47,8 @@ def _rules(path: Path, retention: str) -> Path:
 def _run(spark: Any, rules: Path, inp: Path, work: Path, partitions: int) -> Any:
     """One stream over ``inp``: (watermark, ops rows) per committed batch, and the outputs."""
     from support.state_rows import record_ops_rows
-    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
+    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.start import read_stream_outputs
 
     cfg = StreamConfig(
         rules_path=str(rules),

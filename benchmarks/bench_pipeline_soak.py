@@ -240,7 +240,7 @@ def _check(spark: Any, job: Any, files: list[Path], rules_path: Path, ck: Path) 
     """The stream's outcomes and unmatched rows equal the reference's over ``files``."""
     from support.reference import iter_input_lines, run_reference
     from tickwheel.pipeline.rules import load_rules
-    from tickwheel.pipeline.stream.job import read_stream_outputs
+    from tickwheel.pipeline.stream.start import read_stream_outputs
 
     lines = [line for f in files for line in iter_input_lines(f)]
     ref = run_reference(lines, load_rules(str(rules_path)))
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     from tickwheel.pipeline.rules import parse_duration
     from tickwheel.pipeline.spark.class_archive import find
     from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
-    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
     from tickwheel.pipeline.stream.progress import COMPANION_PREFIX
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-soak-"))

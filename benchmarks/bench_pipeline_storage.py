@@ -51,7 +51,7 @@ def _run(spark: Any, rules: Path, inp: Path, out: str, ck: str, partitions: int)
 
 def _outcomes(spark: Any, out: str, ck: str) -> Any:
     from tickwheel.pipeline.sinks import ParquetSink
-    from tickwheel.pipeline.stream.job import read_stream_outputs
+    from tickwheel.pipeline.stream.start import read_stream_outputs
 
     outs = read_stream_outputs(spark, ParquetSink(out, spark), ck)
     return outs["outcomes"].drop("batch_id")

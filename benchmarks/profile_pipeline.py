@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time() * 1000
             wall = time.perf_counter()
             if args.incremental:
-                from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
+                from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
 
                 inp = work / f"in-{run}"
                 shutil.rmtree(inp, ignore_errors=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tickwheel.pipeline.stream.job import FULL_COLLECTION_EVERY_S, BatchRunner
+from tickwheel.pipeline.stream.runner import FULL_COLLECTION_EVERY_S, BatchRunner
 
 
 class _Cycle:

@@ -22,13 +22,10 @@ from stream_support import compare_with_reference, feed, write_rules
 from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
+from tickwheel.pipeline.stream.checkpoint import StreamError
 from tickwheel.pipeline.stream.cli import main
-from tickwheel.pipeline.stream.job import (
-    StreamConfig,
-    StreamError,
-    StreamJob,
-    read_stream_outputs,
-)
+from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.start import read_stream_outputs
 from tickwheel.pipeline.stream.status import checkpoint_status
 
 #: How long Spark's own file source may take to clean a file: it cleans in a
@@ -192,7 +189,7 @@ def test_status_counts_what_a_compacted_log_took_and_what_waits(tmp_path: Path) 
     taken, and ``waiting`` leaves out the files the log remembers and those below
     the age limit it records, as the source would."""
     pytest.importorskip("pyspark", reason="the spark extra is not installed")
-    from tickwheel.pipeline.stream.file_source import FileLog
+    from tickwheel.pipeline.stream.file_log import FileLog
 
     hour, t0 = 3600, 1_700_000_000
     inp = tmp_path / "in"

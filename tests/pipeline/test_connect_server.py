@@ -26,7 +26,7 @@ from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
-from tickwheel.pipeline.stream.job import read_stream_outputs
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -25,7 +25,8 @@ from tickwheel._cli import main
 from tickwheel.pipeline.batch import run_job
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.spark.records import MISSING_FILE
-from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
+from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
 

@@ -13,14 +13,13 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
-from tickwheel.pipeline.stream.file_source import (
+from tickwheel.pipeline.stream.file_log import (
     COMPACT_EVERY,
     FileLog,
-    FilesPartition,
-    OrderedFileReader,
     list_new_files,
     logged_batch_files,
 )
+from tickwheel.pipeline.stream.file_source import FilesPartition, OrderedFileReader
 from tickwheel.pipeline.stream.micro_batch import abnormal_batch_warnings
 
 

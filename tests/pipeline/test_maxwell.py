@@ -21,7 +21,8 @@ from tickwheel.pipeline.spark.maxwell import (
     parse_event_spec,
 )
 from tickwheel.pipeline.spark.records import parse_records, record_fields_frame
-from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
+from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 SAMPLE = ROOT / "examples" / "maxwell_orders.jsonl"
 RULES = ROOT / "examples" / "maxwell_orders.toml"

@@ -24,7 +24,6 @@ from tickwheel.pipeline import checkpoint_status, start_stream
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
-from tickwheel.pipeline.stream.job import BatchRunner, read_stream_outputs
 from tickwheel.pipeline.stream.progress import (
     COUNTERS,
     GAUGES,
@@ -34,6 +33,8 @@ from tickwheel.pipeline.stream.progress import (
     ProgressReader,
     ProgressSpool,
 )
+from tickwheel.pipeline.stream.runner import BatchRunner
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 #: Bounds every wait on a streaming query or its listener.
 TIMEOUT_S = 240
@@ -245,7 +246,7 @@ def test_the_command_lines_job_reports_to_listeners_and_stops_its_companion(
 ) -> None:
     """``tickwheel pipeline stream --progress-metrics``: the listener's figures add up
     to the run's summary, and the companion has stopped when the job returns."""
-    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
 
     gen = tmp_path / "gen"
     generate_orders(150, gen, seed=7, files=3, mean_gap_ms=20_000)

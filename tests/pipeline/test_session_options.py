@@ -179,7 +179,8 @@ def test_a_bounded_stream_over_a_small_backlog_runs_c1_only(tmp_path: Path) -> N
     pytest.importorskip("pyspark", reason="the spark extra is not installed")
     import json
 
-    from tickwheel.pipeline.stream.job import StreamConfig, StreamError, StreamJob
+    from tickwheel.pipeline.stream.checkpoint import StreamError
+    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
 
     rules = tmp_path / "r.toml"
     rules.write_text(EXAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
@@ -217,7 +218,7 @@ def test_the_clis_stream_writes_sparks_checkpoint_logs_through_the_file_system_a
     """``pipeline stream`` starts its session with STREAM_SESSION_CONF, and with it
     Spark builds the checkpoint file manager that runs no ``readlink`` process."""
     from tickwheel.pipeline.spark import session
-    from tickwheel.pipeline.stream.job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
 
     given: dict[str, Any] = {}
 

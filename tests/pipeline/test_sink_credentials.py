@@ -303,7 +303,7 @@ def test_the_commits_connection_follows_the_url() -> None:
     schema and the SSL mode as pgjdbc reads them; what pg8000 cannot honour refused."""
     import ssl
 
-    from tickwheel.pipeline.sinks import _pg_ssl_context, _pg_target
+    from tickwheel.pipeline.sinks.postgres import _pg_ssl_context, _pg_target
 
     target = _pg_target(
         "jdbc:postgresql://h1,h2:5433,[::1]:5434/shop?user=u&currentSchema=s1"

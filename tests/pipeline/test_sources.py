@@ -39,7 +39,7 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import Rules, load_rules, parse_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.checkpoint import FAULT_POINTS
-from tickwheel.pipeline.stream.job import read_stream_outputs
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
 

@@ -47,7 +47,7 @@ from support.standalone_cluster import (
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
-from tickwheel.pipeline.stream.job import read_stream_outputs
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 

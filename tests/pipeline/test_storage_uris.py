@@ -38,7 +38,8 @@ from tickwheel.pipeline.stream.checkpoint import (
     CheckpointOwner,
     StreamError,
 )
-from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
+from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
 

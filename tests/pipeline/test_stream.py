@@ -13,14 +13,10 @@ from stream_support import compare_with_reference, feed, fresh, rows, write_rule
 from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
-from tickwheel.pipeline.stream.job import (
-    CheckpointInUse,
-    StreamConfig,
-    StreamError,
-    StreamJob,
-    parse_trigger,
-    read_stream_outputs,
-)
+from tickwheel.pipeline.stream.checkpoint import CheckpointInUse, StreamError
+from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.runner import parse_trigger
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
 
@@ -217,7 +213,7 @@ def test_each_batchs_files_come_from_the_logs_as_its_rows_give_them(
     """The driver takes a batch's files from Spark's offset log and the file log
     (no job): the same files, in the same order, as the source's rows for the
     batch."""
-    from tickwheel.pipeline.stream.file_source import FileLog, logged_batch_files
+    from tickwheel.pipeline.stream.file_log import FileLog, logged_batch_files
 
     feed(orders["files"][:6], tmp_path / "in", 3)
     job = _FilesCheckedJob(_config(tmp_path, orders["rules"], max_files_per_trigger=2), spark=spark)

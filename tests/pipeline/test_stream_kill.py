@@ -30,7 +30,8 @@ from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink, PostgresSink
-from tickwheel.pipeline.stream.job import FAULT_POINTS, read_stream_outputs
+from tickwheel.pipeline.stream.checkpoint import FAULT_POINTS
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 # Four driver starts per test (three killed runs, one clean): a JVM each; generous
 # bound for shared, loaded CI machines.

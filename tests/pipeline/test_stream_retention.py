@@ -24,7 +24,8 @@ from support.reference import iter_input_lines, run_reference
 from support.state_rows import record_ops_rows
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
-from tickwheel.pipeline.stream.job import StreamConfig, StreamJob, read_stream_outputs
+from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
 

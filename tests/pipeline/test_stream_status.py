@@ -30,7 +30,8 @@ from tickwheel._cli import main
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.stream.checkpoint import CheckpointInUse, StreamError
-from tickwheel.pipeline.stream.status import checkpoint_status, render_status
+from tickwheel.pipeline.stream.status import checkpoint_status
+from tickwheel.pipeline.stream.status_report import render_status
 
 #: Every figure that does not depend on the time it is read at, or on who reads it.
 STEADY = (
@@ -54,7 +55,7 @@ CLI_TIMEOUT_S = 120
 
 
 def _config(base: Path, rules: Path, **kw: Any) -> Any:
-    from tickwheel.pipeline.stream.job import StreamConfig
+    from tickwheel.pipeline.stream.file_job import StreamConfig
 
     kw.setdefault("input", str(base / "in"))
     return StreamConfig(
@@ -69,7 +70,7 @@ def _config(base: Path, rules: Path, **kw: Any) -> Any:
 @pytest.fixture(scope="module")
 def finished(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A checkpoint after three micro-batches (one file each) of 150 orders, the job gone."""
-    from tickwheel.pipeline.stream.job import StreamJob
+    from tickwheel.pipeline.stream.file_job import StreamJob
 
     base = tmp_path_factory.mktemp("status")
     gen = base / "gen"
@@ -200,7 +201,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_status_of_a_live_checkpoint(finished: dict[str, Any]) -> None:
     """A job holding the checkpoint shows as its owner, here and from another process;
     looking does not take the lock from it; once it lets go, it no longer holds it."""
-    from tickwheel.pipeline.stream.job import StreamJob
+    from tickwheel.pipeline.stream.file_job import StreamJob
 
     ck = finished["ck"]
     before = checkpoint_status(str(ck))["owner"]["token"]
@@ -319,7 +320,7 @@ def test_status_at_a_uri_reads_through_spark(
 def test_files_taken_by_sparks_own_file_source(spark: Any, tmp_path: Path) -> None:
     """With the input at a URI the job takes Spark's file source, whose log
     (``CK/spark/sources/0``) gives the files taken."""
-    from tickwheel.pipeline.stream.job import StreamJob
+    from tickwheel.pipeline.stream.file_job import StreamJob
 
     gen = tmp_path / "gen"
     generate_orders(40, gen, seed=3, files=2)

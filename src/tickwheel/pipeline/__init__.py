@@ -39,7 +39,7 @@ from .rules import InputConfig, Rule, Rules, RulesError, load_rules, parse_durat
 
 if TYPE_CHECKING:
     from .spark.step import DelayedOperations, delayed_operations
-    from .stream.job import read_stream_outputs, start_stream
+    from .stream.start import read_stream_outputs, start_stream
     from .stream.status import checkpoint_status
 
 __all__ = [
@@ -67,8 +67,8 @@ _SPARK_NAMES = {
     "checkpoint_status": "stream.status",
     "DelayedOperations": "spark.step",
     "delayed_operations": "spark.step",
-    "read_stream_outputs": "stream.job",
-    "start_stream": "stream.job",
+    "read_stream_outputs": "stream.start",
+    "start_stream": "stream.start",
 }
 
 

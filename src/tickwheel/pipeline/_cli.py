@@ -219,7 +219,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     from .storage import is_uri
     from .stream.checkpoint import StreamError
-    from .stream.status import checkpoint_status, render_status
+    from .stream.status import checkpoint_status
+    from .stream.status_report import render_status
 
     spark = None
     if is_uri(args.checkpoint) or (args.input is not None and is_uri(args.input)):

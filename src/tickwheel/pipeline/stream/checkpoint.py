@@ -54,6 +54,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from ..rules import format_duration
 from ..storage import Storage, create_json, is_uri, join, read_json
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "StateStore",
     "StreamError",
     "fault",
+    "owner_holding",
 ]
 
 FAULT_ENV = "TICKWHEEL_FAULT"
@@ -248,7 +250,10 @@ class CheckpointOwner:
                 info = read_json(self.storage, self._owner_path(latest))
         if not is_uri(self.root):
             self._lock_local(info)
-        elif latest is not None and f"{latest}.released" not in names and self._alive(latest, info):
+        elif (
+            latest is not None
+            and owner_holding(self.root, self.storage, latest, info, wait=True)[0]
+        ):
             raise self._in_use(info)
         self._previous = info
         token = (latest or 0) + 1
@@ -283,21 +288,6 @@ class CheckpointOwner:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-    def _alive(self, token: int, info: Mapping[str, Any] | None) -> bool:
-        """Whether the owner with ``token`` (on a URI) still runs."""
-        if info and info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            return pid_alive(int(info["pid"]))
-        beats = {n for n in self.storage.list_names(self.owners) if n.startswith(f"{token}.alive")}
-        deadline = time.monotonic() + MISSED_BEATS * _heartbeat_seconds()
-        while time.monotonic() < deadline:
-            time.sleep(min(1.0, _heartbeat_seconds()))
-            names = set(self.storage.list_names(self.owners))
-            if f"{token}.released" in names:
-                return False
-            if {n for n in names if n.startswith(f"{token}.alive")} != beats:
-                return True
-        return False
 
     def _start_heartbeat(self, token: int) -> None:
         stop = threading.Event()
@@ -368,6 +358,86 @@ class CheckpointOwner:
             del CheckpointOwner._held[self.root]
         self.token = None
         self._unlock_local()
+
+
+def owner_holding(
+    root: str,
+    storage: Storage,
+    token: int,
+    info: Mapping[str, Any] | None,
+    *,
+    wait: bool = False,
+    now_ms: int | None = None,
+) -> tuple[bool, str]:
+    """Whether the owner with ``token`` still holds the checkpoint ``root``
+    (``CK/tickwheel``), and how that was decided, in a few words for a reader.
+
+    ``info`` is the owner's ``owners/T.json``. On a local path, a process
+    holds the ``flock`` of ``LOCK``: tried on a fresh descriptor and released
+    at once (a job starting in that instant would find the checkpoint in use;
+    :meth:`CheckpointOwner.acquire` takes the flock itself instead). On a URI:
+    ``T.released`` says the owner ended; an owner on this host holds it while
+    its process runs; one on another host while its heartbeat goes on. With
+    ``wait`` (:meth:`CheckpointOwner.acquire`, before it takes over), that is
+    a new ``T.alive-K`` within :data:`MISSED_BEATS` heartbeats, watched for;
+    without, the age of its last sign of life at ``now_ms`` (default: now),
+    never waiting. O(owners) per listing; with ``wait``, up to
+    :data:`MISSED_BEATS` heartbeats long.
+    """
+    if not is_uri(root):
+        return _flock_held(root)
+    owners = join(root, "owners")
+    if f"{token}.released" in storage.list_names(owners):
+        return False, "released"
+    pid = info.get("pid") if info else None
+    if info and info.get("host") == socket.gethostname() and isinstance(pid, int):
+        alive = pid_alive(pid)
+        return alive, f"process {pid} on this host is {'running' if alive else 'gone'}"
+    beat_s = _heartbeat_seconds()
+    if wait:
+        return _beats_on(storage, owners, token, beat_s)
+    signs = [
+        mtime
+        for path, _size, mtime in storage.list_files(owners)
+        if path.rsplit("/", 1)[-1].startswith((f"{token}.alive", f"{token}.json"))
+    ]
+    if not signs:
+        return False, "no heartbeat"
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    age = now - max(signs)
+    alive = age < MISSED_BEATS * beat_s * 1000
+    return alive, f"last heartbeat {format_duration(age)} ago (every {beat_s:g}s)"
+
+
+def _flock_held(root: str) -> tuple[bool, str]:
+    """Whether a process holds ``LOCK``'s flock: tried on a fresh descriptor, released
+    at once. O(1)."""
+    try:
+        fd = os.open(os.path.join(root, "LOCK"), os.O_RDONLY)
+    except FileNotFoundError:
+        return False, "no LOCK file"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True, "a process holds the flock on LOCK"
+    finally:
+        os.close(fd)  # closing releases a lock we took
+    return False, "LOCK is free"
+
+
+def _beats_on(storage: Storage, owners: str, token: int, beat_s: float) -> tuple[bool, str]:
+    """Whether owner ``token`` leaves a new heartbeat within :data:`MISSED_BEATS` beats
+    (it ends early when one comes, or its release). Up to that long."""
+    beats = {n for n in storage.list_names(owners) if n.startswith(f"{token}.alive")}
+    deadline = time.monotonic() + MISSED_BEATS * beat_s
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, beat_s))
+        names = set(storage.list_names(owners))
+        if f"{token}.released" in names:
+            return False, "released"
+        if {n for n in names if n.startswith(f"{token}.alive")} != beats:
+            return True, "a new heartbeat"
+    return False, f"no heartbeat in {MISSED_BEATS} beats of {beat_s:g}s"
 
 
 def _checkpoint_of(root: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..spark.session import add_remote_argument, check_remote_or_master
 from .checkpoint import StreamError
-from .job import StreamConfig, StreamJob
+from .file_job import StreamConfig, StreamJob
 
 __all__ = ["add_stream_arguments", "main", "run_stream_command"]
 

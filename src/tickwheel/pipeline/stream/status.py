@@ -6,25 +6,23 @@ plain, JSON-able figures: the last committed batch and when it committed, the
 watermark and how far it lags processing time, the rules in force, the
 pending operations per rule with the oldest deadline, the carried events, the
 state's size, the files taken and those still waiting, and the owner.
-``tickwheel pipeline status`` prints them (:func:`render_status`).
+``tickwheel pipeline status`` prints them (:func:`~.status_report.render_status`).
 
 It only reads. A local checkpoint is read with :mod:`os` and pyarrow (no JVM,
 no Spark); a URI one through a classic session's Hadoop file systems
 (:func:`~..storage.storage_for`), its Parquet through Spark. Whether the owner
-still holds the checkpoint is decided as :class:`~.checkpoint.CheckpointOwner`
-decides it, without waiting: on a local path by trying the ``flock`` of
-``LOCK`` on a fresh descriptor, released at once; on a URI by ``T.released``,
-the owner's process on this host, or the age of its last heartbeat.
+still holds the checkpoint is decided by :func:`~.checkpoint.owner_holding`,
+as :class:`~.checkpoint.CheckpointOwner` decides it, without waiting: on a
+local path by trying the ``flock`` of ``LOCK`` on a fresh descriptor, released
+at once; on a URI by ``T.released``, the owner's process on this host, or the
+age of its last heartbeat.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import fcntl
 import json
 import os
-import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -39,12 +37,12 @@ from ..storage import (
     read_json,
     storage_for,
 )
-from .checkpoint import HEARTBEAT_ENV, MISSED_BEATS, StateStore, StreamError, pid_alive
+from .checkpoint import StateStore, StreamError, owner_holding
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["checkpoint_status", "render_status"]
+__all__ = ["checkpoint_status"]
 
 
 def checkpoint_status(
@@ -349,7 +347,7 @@ def _taken_files(
     without a log of either."""
     log_path = join(root, "files.log")
     if storage.exists(log_path):
-        from .file_source import FileLog
+        from .file_log import FileLog
 
         log = FileLog.from_bytes(storage.read_bytes(log_path))
         return "tickwheel", log.end, log.take_rule()
@@ -454,185 +452,6 @@ def _owner(storage: Storage, root: str, now: int) -> dict[str, Any] | None:
     with contextlib.suppress(OSError, ValueError):
         jvm = read_json(storage, join(owners, f"{token}.jvm.json")).get("jvm_pid")
         owner["jvm_pid"] = jvm
-    holding, how = (
-        _local_holder(root) if not is_uri(root) else _uri_holder(storage, owners, token, info, now)
-    )
+    holding, how = owner_holding(root, storage, token, info, now_ms=now)
     owner.update(holding=holding, how=how)
     return owner
-
-
-def _local_holder(root: str) -> tuple[bool, str]:
-    """Whether a process holds ``LOCK``'s flock: tried on a fresh descriptor, released
-    at once (a job starting in that instant would find the checkpoint in use)."""
-    try:
-        fd = os.open(os.path.join(root, "LOCK"), os.O_RDONLY)
-    except FileNotFoundError:
-        return False, "no LOCK file"
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True, "a process holds the flock on LOCK"
-    finally:
-        os.close(fd)  # closing releases a lock we took
-    return False, "LOCK is free"
-
-
-def _uri_holder(
-    storage: Storage, owners: str, token: int, info: Mapping[str, Any], now: int
-) -> tuple[bool, str]:
-    """As :meth:`~.checkpoint.CheckpointOwner.acquire` decides, without waiting for a beat."""
-    names = storage.list_names(owners)
-    if f"{token}.released" in names:
-        return False, "released"
-    pid = info.get("pid")
-    if info.get("host") == socket.gethostname() and isinstance(pid, int):
-        alive = pid_alive(pid)
-        return alive, f"process {pid} on this host is {'running' if alive else 'gone'}"
-    beat_s = float(os.environ.get(HEARTBEAT_ENV) or 10)
-    signs = [
-        mtime
-        for path, _size, mtime in storage.list_files(owners)
-        if path.rsplit("/", 1)[-1].startswith((f"{token}.alive", f"{token}.json"))
-    ]
-    if not signs:
-        return False, "no heartbeat"
-    age = now - max(signs)
-    alive = age < MISSED_BEATS * beat_s * 1000
-    return alive, f"last heartbeat {_duration(age)} ago (every {beat_s:g}s)"
-
-
-# -- the report -------------------------------------------------------------------
-
-
-def _duration(ms: int) -> str:
-    """``ms`` for a reader: ``850ms``, ``12.0s``, ``3.5h``, ``2.0d``."""
-    sign, ms = ("-", -ms) if ms < 0 else ("", ms)
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms >= size:
-            return f"{sign}{ms / size:,.1f}{unit}"
-    return f"{sign}{ms}ms"
-
-
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "unknown"
-    stamp = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
-    return stamp.replace("+00:00", "Z")
-
-
-def _size(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n} B"
-
-
-def render_status(status: Mapping[str, Any]) -> str:
-    """:func:`checkpoint_status`'s figures as a report for a reader. O(rules + lines)."""
-    out = [f"checkpoint {status['checkpoint']}"]
-
-    def line(label: str, text: str) -> None:
-        out.append(f"  {label:<16}{text}")
-
-    last = status["last_batch"]
-    if last is None:
-        line("last batch", "none committed yet")
-    else:
-        at = status["committed_at_ms"]
-        when = (
-            "commit time not recorded"
-            if at is None
-            else f"committed {_when(at)} ({_duration(status['commit_age_ms'])} ago)"
-        )
-        line("last batch", f"{last}, {when}")
-    if status.get("running_batch") is not None:
-        line("running batch", f"{status['running_batch']} (planned by Spark, not committed)")
-    wm = status["watermark"]
-    if wm is None:
-        line("watermark", "none yet")
-    else:
-        line("watermark", f"{_when(wm)} ({_duration(status['watermark_lag_ms'])} behind now)")
-    if status.get("last_batch") is not None:  # a commit records them
-        line("rules", _rules_text(status.get("rules")))
-    if status.get("format") is not None or status.get("tickwheel") is not None:
-        made = [f"state format {status['format']}"] if status.get("format") is not None else []
-        if status.get("tickwheel") is not None:
-            made.append(f"written by tickwheel {status['tickwheel']}")
-        line("written", ", ".join(made))
-    pending = status.get("pending")
-    if pending is not None:
-        line("pending", f"{pending['total']:,} operation(s)")
-        for rule, figures in pending["by_rule"].items():
-            oldest = figures["oldest_deadline"]
-            first = "" if oldest is None else f", oldest deadline {_when(oldest)}"
-            if oldest is not None and wm is not None:
-                first += f" ({_duration(oldest - wm)} after the watermark)"
-            line(f"  {rule}", f"{figures['count']:,}{first}")
-        line("expiry markers", f"{status['markers']:,}")
-        events = status["events"]
-        line("events carried", f"{events['rows']:,} ({events['buffered']:,} buffered above "
-             "the watermark)")  # fmt: skip
-        state = status["state"]
-        rows = "unknown" if state["rows"] is None else f"{state['rows']:,}"
-        line("state", f"{rows} rows, {_size(state['bytes'])} in {state['files']} file(s)")
-    files = status["files"]
-    source = {"tickwheel": "tickwheel's file log", "spark": "Spark's file source log"}
-    taken = (
-        "unknown (no file log in the checkpoint)"
-        if files["taken"] is None
-        else f"{files['taken']:,} taken ({source.get(files['source'], files['source'])})"
-    )
-    line("files", taken)
-    if files["waiting"] is not None:
-        size = _size(files["waiting_bytes"])
-        waiting = f"{files['waiting']:,} file(s) ({size}) in {files['input']}"
-    elif files["input"] is None:
-        waiting = "unknown (no input recorded: give --input)"
-    elif not _listable(files["input"]):
-        waiting = f"unknown (the input recorded, {files['input']}, is relative: give --input)"
-    else:
-        waiting = f"unknown ({files['input']} not listed)"
-    line("waiting", waiting)
-    for path in files.get("next_waiting") or []:
-        line("  next", path)
-    owner = status.get("owner")
-    if owner is None:
-        line("owner", "none recorded")
-    else:
-        who = (
-            f"pid {owner['pid']} on {owner['host']} since {owner['since']} (token {owner['token']})"
-        )
-        state_text = "HOLDS the checkpoint" if owner["holding"] else "not holding it"
-        line("owner", f"{who}: {state_text} ({owner['how']})")
-    for warning in status.get("warnings") or []:
-        line("warning", f"batch {last}: {warning}")
-    return "\n".join(out) + "\n"
-
-
-def _rules_text(rules: Any) -> str:
-    """The recorded rules in one line: each rule's types and timeout, else its name."""
-    if rules is None:
-        return "not recorded (a checkpoint of an older release)"
-    inner = rules.get("rules") if isinstance(rules, Mapping) else None
-    if isinstance(inner, list) and all(isinstance(r, Mapping) for r in inner):
-        text = "; ".join(_rule_text(r) for r in inner)
-        lateness = rules.get("input", {}).get("allowed_lateness_ms")
-        if isinstance(lateness, int):
-            text += f"; allowed lateness {_duration(lateness)}"
-        return text
-    names = _rule_names(rules)
-    return ", ".join(names) if names else json.dumps(rules, sort_keys=True)
-
-
-def _rule_text(rule: Mapping[str, Any]) -> str:
-    parts = [
-        f"{kind} {'|'.join(map(str, rule[kind]))}"
-        for kind in ("open", "complete", "cancel")
-        if rule.get(kind)
-    ]
-    timeout = rule.get("timeout_ms")
-    if isinstance(timeout, int):
-        parts.append(f"timeout {_duration(timeout)}")
-    if rule.get("key"):
-        parts.append(f"key {rule['key']}")
-    return f"{rule.get('name')} ({', '.join(parts)})"

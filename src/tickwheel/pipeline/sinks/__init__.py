@@ -1,0 +1,89 @@
+"""Output sinks for the incremental pipeline: one interface, idempotent per batch id.
+
+Every sink stores the tables of one micro-batch (``outcomes``, ``unmatched``,
+``rejected``, ``late``) under that batch's id, in two steps:
+
+``stage(batch_id, tables)``
+    writes the rows where no reader looks (a staging directory or staging tables).
+    Staging again replaces what an earlier, crashed attempt staged.
+``commit(batch_id)``
+    makes the staged rows visible, exactly once. A batch id that is already
+    committed is a no-op, so a micro-batch replayed after a crash never adds a
+    second copy of its rows.
+
+Sinks:
+
+* :class:`ParquetSink` (default, embedded): ``OUT/<table>/batch_id=N/part-*.parquet``,
+  written in place (after deleting what a failed attempt of the same batch left
+  there); the commit is one new file, ``OUT/_batches/N.json``, and readers take
+  only the batches it names. ``OUT`` may be a local path or any URI Spark writes.
+* :class:`SqliteSink`: Spark JDBC with Debian's xerial jar into staging tables,
+  then one SQLite transaction copies them into the real tables and inserts the
+  ``tickwheel_batches`` row.
+* :class:`PostgresSink`: Spark JDBC with Debian's pgjdbc jar into staging tables,
+  then ONE PostgreSQL transaction (through pg8000, in the Python process that runs
+  the micro-batch: the driver on a classic session, the Python process beside the
+  server under Spark Connect) checks ``tickwheel_batches``, copies the batch's rows
+  into the real tables and inserts the ``tickwheel_batches(batch_id, ...)`` row:
+  results and offsets in one transaction, so a replayed batch is a no-op.
+
+The package keeps one module per sink beside the contract they share:
+:mod:`.base` (:class:`BatchSink`, :class:`SinkError`, :func:`make_sink`,
+:func:`as_sink`), :mod:`.function` (:class:`FunctionSink`), :mod:`.parquet`,
+:mod:`.jdbc` (what the two JDBC sinks share, and the driver jars),
+:mod:`.sqlite`, :mod:`.postgres` (and its pg8000 connection) and
+:mod:`.credentials` (the PostgreSQL password, found as libpq finds it).
+
+Spark's JDBC writer cannot create tables in SQLite, and reads SQLite's BIGINT
+back as a decimal; the JDBC sinks therefore create every table themselves from
+the DataFrame's schema and read back with an explicit ``customSchema``.
+
+Credentials (:func:`postgres_credentials`): the PostgreSQL password comes from
+where PostgreSQL users keep it, in libpq's order: the URL (discouraged: a
+command line is visible to every user through ``ps``), ``PGPASSWORD``, then the
+password file (``PGPASSFILE``, else ``~/.pgpass``, read with libpq's rules). The
+user comes from the URL, ``PGUSER`` or the login name; without a URL, the server
+from ``PGHOST``/``PGPORT``/``PGDATABASE``. The password is handed to pg8000 as a
+``connect()`` parameter (the DDL and the commit) and to pgjdbc as a connection
+property (Spark's JDBC reader and writer, as their ``password`` option, which
+Spark redacts), never inside a URL, and :meth:`BatchSink.describe` and every
+error message show URLs through :func:`redact_url`. The password file is read
+where the sink is built: the executors receive the password with the JDBC
+options, so a cluster's workers need no password file of their own.
+"""
+
+from __future__ import annotations
+
+from .base import BATCH_ID, BatchSink, SinkError, SinkFunction, as_sink, make_sink
+from .credentials import (
+    PasswordFileWarning,
+    PostgresCredentials,
+    pgpass_password,
+    postgres_credentials,
+    redact_url,
+)
+from .function import FunctionSink
+from .jdbc import jdbc_jars, spark_jdbc_conf
+from .parquet import ParquetSink
+from .postgres import PostgresSink
+from .sqlite import SqliteSink
+
+__all__ = [
+    "BATCH_ID",
+    "BatchSink",
+    "FunctionSink",
+    "ParquetSink",
+    "PasswordFileWarning",
+    "PostgresCredentials",
+    "PostgresSink",
+    "SinkError",
+    "SinkFunction",
+    "SqliteSink",
+    "as_sink",
+    "jdbc_jars",
+    "make_sink",
+    "pgpass_password",
+    "postgres_credentials",
+    "redact_url",
+    "spark_jdbc_conf",
+]

@@ -1,0 +1,349 @@
+"""What the SQLite and PostgreSQL sinks share: staging tables, Spark's JDBC writer and
+reader, the SQL types of a DataFrame's schema, and the Debian JDBC jars.
+
+Spark's JDBC writer cannot create tables in SQLite, and reads SQLite's BIGINT
+back as a decimal; the JDBC sinks therefore create every table themselves from
+the DataFrame's schema and read back with an explicit ``customSchema``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .base import BATCH_ID, SinkError
+from .credentials import redact_url
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+
+__all__ = [
+    "jdbc_jars",
+    "spark_jdbc_conf",
+]
+
+_JAR_DIR = "/usr/share/java"
+_SQLITE_JARS = ("sqlite-jdbc.jar", "xerial-sqlite-jdbc.jar")
+_POSTGRES_JARS = ("postgresql.jar",)
+_JNI_DIRS = ("/usr/lib/x86_64-linux-gnu/jni", "/usr/lib/aarch64-linux-gnu/jni", "/usr/lib/jni")
+
+
+def _find_jar(names: Sequence[str], package: str) -> str | None:
+    for name in names:
+        path = os.path.join(_JAR_DIR, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def jdbc_jars() -> list[str]:
+    """Return the Debian JDBC driver jars that are installed (SQLite, PostgreSQL). O(1)."""
+    jars = []
+    for names, package in (
+        (_SQLITE_JARS, "libxerial-sqlite-jdbc-java"),
+        (_POSTGRES_JARS, "libpostgresql-jdbc-java"),
+    ):
+        jar = _find_jar(names, package)
+        if jar is not None:
+            jars.append(jar)
+    return jars
+
+
+def spark_jdbc_conf() -> dict[str, str]:
+    """Spark settings that put the installed JDBC jars on the driver and executors.
+
+    They must be given before the SparkSession starts (``builder.config(k, v)``).
+    The driver class path matters: Spark's JDBC reader and writer connect from
+    the driver JVM too (to resolve a table's schema, to check that it exists),
+    and the class archive records it (:func:`~tickwheel.pipeline.spark.class_archive.session_conf`);
+    the sinks' own DDL and commits do not use the JVM. The SQLite jar's native
+    half lives in Debian's JNI directory, which is added to
+    ``java.library.path``. O(1).
+    """
+    jars = jdbc_jars()
+    if not jars:
+        return {}
+    jni = [d for d in _JNI_DIRS if os.path.isdir(d)]
+    conf = {
+        "spark.jars": ",".join(jars),
+        "spark.driver.extraClassPath": os.pathsep.join(jars),
+        "spark.executor.extraClassPath": os.pathsep.join(jars),
+    }
+    if jni:
+        lib = os.pathsep.join(jni)
+        conf["spark.driver.extraLibraryPath"] = lib
+        conf["spark.executor.extraLibraryPath"] = lib
+    return conf
+
+
+def _with_batch_id(df: DataFrame, batch_id: int) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return df.withColumn(BATCH_ID, F.lit(batch_id).cast("long"))
+
+
+def _sql_type(dtype: Any, dialect: str) -> str:
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.LongType):
+        return "BIGINT"
+    if isinstance(dtype, (T.IntegerType, T.ShortType, T.ByteType)):
+        return "INTEGER"
+    if isinstance(dtype, (T.DoubleType, T.FloatType)):
+        return "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
+    if isinstance(dtype, T.BooleanType):
+        return "BOOLEAN" if dialect == "postgresql" else "INTEGER"
+    if isinstance(dtype, T.TimestampType):
+        return "TIMESTAMPTZ" if dialect == "postgresql" else "TEXT"
+    if isinstance(dtype, T.StringType):
+        return "TEXT"
+    if isinstance(dtype, T.BinaryType):
+        return "BYTEA" if dialect == "postgresql" else "BLOB"
+    if isinstance(dtype, T.DecimalType):
+        return f"NUMERIC({dtype.precision},{dtype.scale})"
+    raise SinkError(f"the JDBC sinks cannot store a column of type {dtype.simpleString()}")
+
+
+def _quote(name: str) -> str:
+    if not name.replace("_", "").isalnum():
+        raise SinkError(f"unsafe SQL identifier {name!r}")
+    return f'"{name}"'
+
+
+def _create_table_sql(name: str, schema: StructType, dialect: str) -> str:
+    cols = [f"{_quote(f.name)} {_sql_type(f.dataType, dialect)}" for f in schema.fields]
+    cols.append(f"{_quote(BATCH_ID)} BIGINT NOT NULL")
+    return f"CREATE TABLE IF NOT EXISTS {_quote(name)} ({', '.join(cols)})"
+
+
+def _custom_schema(schema: StructType) -> str:
+    parts = [f"{f.name} {f.dataType.simpleString()}" for f in schema.fields]
+    parts.append(f"{BATCH_ID} bigint")
+    return ", ".join(parts)
+
+
+_BATCHES_TABLE = "tickwheel_batches"
+_SCHEMAS_TABLE = "tickwheel_schemas"
+
+
+class _JdbcSink:
+    """Shared logic of the SQLite and PostgreSQL sinks (staging tables + one transaction)."""
+
+    name = "jdbc"
+    dialect = "?"
+    driver_class = "?"
+
+    def __init__(self, url: str, *, prefix: str = "") -> None:
+        self.url = url
+        self.prefix = prefix
+        self._schemas: dict[str, StructType] = {}
+        self._ready = False
+
+    # dialect hooks -------------------------------------------------------------
+    def _execute(self, statements: Sequence[str], *, transaction: bool) -> None:
+        raise NotImplementedError
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _jdbc_options(self) -> dict[str, str]:
+        return {"url": self.url, "driver": self.driver_class}
+
+    def _write_parallelism(self) -> int | None:
+        return None
+
+    # shared --------------------------------------------------------------------
+    def describe(self) -> str:
+        """Return ``<dialect>:<url>``, secrets redacted (:func:`redact_url`)."""
+        return f"{self.name}:{redact_url(self.url)}"
+
+    def _table(self, table: str) -> str:
+        return f"{self.prefix}{table}"
+
+    def _stage_table(self, table: str) -> str:
+        return f"{self.prefix}stage_{table}"
+
+    def _ensure_base(self) -> None:
+        if self._ready:
+            return
+        self._execute(
+            [
+                f"CREATE TABLE IF NOT EXISTS {_quote(self._table(_BATCHES_TABLE))} ("
+                "batch_id BIGINT PRIMARY KEY, committed_at DOUBLE PRECISION NOT NULL, "
+                "row_counts TEXT NOT NULL)",
+                f"CREATE TABLE IF NOT EXISTS {_quote(self._table(_SCHEMAS_TABLE))} ("
+                "table_name TEXT PRIMARY KEY, spark_schema TEXT NOT NULL)",
+            ],
+            transaction=True,
+        )
+        self._ready = True
+
+    def _ensure_table(self, table: str, schema: StructType) -> None:
+        from pyspark.sql.types import StructType
+
+        if table in self._schemas:
+            return
+        rows = self._query(
+            f"SELECT spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            f"WHERE table_name = '{table}'"
+        )
+        if rows:
+            stored = StructType.fromJson(json.loads(rows[0][0]))
+            if [f.name for f in stored.fields] != [f.name for f in schema.fields]:
+                raise SinkError(
+                    f"table {self._table(table)!r} exists with columns "
+                    f"{[f.name for f in stored.fields]}, the batch has "
+                    f"{[f.name for f in schema.fields]}"
+                )
+            self._schemas[table] = stored
+            return
+        schema_json = json.dumps(schema.jsonValue()).replace("'", "''")
+        self._execute(
+            [
+                _create_table_sql(self._table(table), schema, self.dialect),
+                _create_table_sql(self._stage_table(table), schema, self.dialect),
+                f"INSERT INTO {_quote(self._table(_SCHEMAS_TABLE))} (table_name, spark_schema) "
+                f"VALUES ('{table}', '{schema_json}')",
+            ],
+            transaction=True,
+        )
+        self._schemas[table] = schema
+
+    def _known_tables(self) -> list[str]:
+        """Tables staged in this process, else every table the sink has created."""
+        from pyspark.sql.types import StructType
+
+        staged = getattr(self, "_staged_tables", None)
+        if staged is not None:
+            return list(staged)
+        rows = self._query(
+            f"SELECT table_name, spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            "ORDER BY table_name"
+        )
+        for name, schema in rows:
+            self._schemas.setdefault(name, StructType.fromJson(json.loads(schema)))
+        return [name for name, _ in rows]
+
+    def _drop_staged(self, batch_id: int, tables: Sequence[str]) -> None:
+        self._execute(
+            [
+                f"DELETE FROM {_quote(self._stage_table(t))} WHERE {BATCH_ID} = {int(batch_id)}"
+                for t in tables
+            ],
+            transaction=True,
+        )
+
+    def stage(
+        self,
+        batch_id: int,
+        tables: Mapping[str, DataFrame],
+        on_table: Callable[[str], None] | None = None,
+        empty: Collection[str] = (),
+        small: bool = False,  # Spark's JDBC writer inserts from the executors either way
+    ) -> None:
+        """Write the batch's rows into staging tables through Spark's JDBC writer.
+
+        A table in ``empty`` is created when missing, and gets no write job.
+        """
+        self._ensure_base()
+        self._staged_tables = sorted(tables)
+        for table, df in tables.items():
+            self._ensure_table(table, df.schema)
+            if table in empty:
+                if on_table is not None:
+                    on_table(table)
+                continue
+            stage = self._stage_table(table)
+            self._execute(
+                [f"DELETE FROM {_quote(stage)} WHERE {BATCH_ID} = {int(batch_id)}"],
+                transaction=True,
+            )
+            out = _with_batch_id(df, batch_id)
+            parallelism = self._write_parallelism()
+            if parallelism is not None:
+                out = out.coalesce(parallelism)
+            writer = out.write.format("jdbc").mode("append").option("dbtable", stage)
+            for key, value in self._jdbc_options().items():
+                writer = writer.option(key, value)
+            writer.option("batchsize", "10000").save()
+            if on_table is not None:
+                on_table(table)
+
+    def commit(self, batch_id: int) -> bool:
+        """Copy the staged rows and insert the ``tickwheel_batches`` row in ONE transaction."""
+        self._ensure_base()
+        tables = self._known_tables()
+        if self.is_committed(batch_id):
+            self._drop_staged(batch_id, tables)  # a replay's staged rows: not a second copy
+            return False
+        counts = {}
+        for table in tables:
+            rows = self._query(
+                f"SELECT COUNT(*) FROM {_quote(self._stage_table(table))} "
+                f"WHERE {BATCH_ID} = {int(batch_id)}"
+            )
+            counts[table] = int(rows[0][0])
+        statements = []
+        for table in tables:
+            cols = ", ".join(_quote(f.name) for f in self._schemas[table].fields)
+            cols += f", {_quote(BATCH_ID)}"
+            statements.append(
+                f"INSERT INTO {_quote(self._table(table))} ({cols}) SELECT {cols} FROM "
+                f"{_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)}"
+            )
+        statements.append(
+            f"INSERT INTO {_quote(self._table(_BATCHES_TABLE))} "
+            f"(batch_id, committed_at, row_counts) VALUES "
+            f"({int(batch_id)}, {time.time()!r}, '{json.dumps(counts, sort_keys=True)}')"
+        )
+        for table in tables:
+            statements.append(
+                f"DELETE FROM {_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)}"
+            )
+        self._execute(statements, transaction=True)
+        return True
+
+    def is_committed(self, batch_id: int) -> bool:
+        """True when ``tickwheel_batches`` holds ``batch_id``. One indexed query."""
+        self._ensure_base()
+        rows = self._query(
+            f"SELECT 1 FROM {_quote(self._table(_BATCHES_TABLE))} WHERE batch_id = {int(batch_id)}"
+        )
+        return bool(rows)
+
+    def committed_batches(self) -> list[int]:
+        """Return the committed batch ids in order."""
+        self._ensure_base()
+        rows = self._query(
+            f"SELECT batch_id FROM {_quote(self._table(_BATCHES_TABLE))} ORDER BY batch_id"
+        )
+        return [int(r[0]) for r in rows]
+
+    def read_table(self, spark: SparkSession, table: str) -> DataFrame | None:
+        """Read ``table`` back through Spark JDBC with its original Spark types."""
+        self._ensure_base()
+        rows = self._query(
+            f"SELECT spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            f"WHERE table_name = '{table}'"
+        )
+        if not rows:
+            return None
+        from pyspark.sql.types import StructType
+
+        schema = StructType.fromJson(json.loads(rows[0][0]))
+        reader = spark.read.format("jdbc").option("dbtable", self._table(table))
+        for key, value in self._jdbc_options().items():
+            reader = reader.option(key, value)
+        df = reader.option("customSchema", _custom_schema(schema)).load()
+        # SQLite hands BIGINT/TEXT back loosely typed: cast to the stored Spark types.
+        from pyspark.sql import functions as F
+
+        return df.select(
+            *[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields],
+            F.col(BATCH_ID).cast("long").alias(BATCH_ID),
+        )

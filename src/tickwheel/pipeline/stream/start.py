@@ -1,0 +1,316 @@
+"""The stream driver's library entry (:func:`start_stream`) and the commit protocol it shares
+with the command line's file job (:mod:`.file_job`).
+
+Two entry points build the same Structured Streaming query, whose
+``foreachBatch`` is a :class:`~.runner.BatchRunner`:
+
+* :func:`start_stream`: a streaming DataFrame of records from any replayable
+  source (Kafka, a table, Spark's own file sources...), for a Spark user's
+  own job; it returns Spark's ``StreamingQuery``;
+* :class:`~.file_job.StreamJob`: ``tickwheel pipeline stream``, over a directory of
+  arriving files. Its source lists new files in (modification time, name)
+  order (:mod:`.file_source`), and each micro-batch reads its files into a
+  records frame (:func:`tickwheel.pipeline.spark.files.read_files`); a marker
+  file (``*.heartbeat``) holding an event time raises the largest event time
+  seen, so the watermark advances and deadlines fire while input stalls.
+
+Spark checkpoints what each micro-batch took (``CK/spark/``); tickwheel's
+state is beside it (``CK/tickwheel/``, :mod:`.checkpoint`). Micro-batch ``N``
+(:mod:`.micro_batch`):
+
+1. skips itself if ``commits/N.json`` exists (committed before a crash that
+   came before Spark's own commit log); refuses to run if a later one exists;
+2. writes (once) or re-reads its plan ``plans/N.json``: its processing time
+   for the far-future guard (and its files), so a replay decides the same;
+3. runs the step on its records with the state of the latest committed batch;
+4. commits: outputs staged in the sink and, at the same time, the next state
+   written in ``state/N/`` (after deleting what a failed attempt left there);
+   then the sink's commit (idempotent per batch id), and finally one new
+   file, ``commits/N.json``, after checking that this job still owns the
+   checkpoint: the commit point.
+
+No step renames a directory or overwrites a file a reader may see, so the
+checkpoint and the Parquet sink may be at any URI Spark writes
+(:mod:`..storage`), on a classic session.
+
+A micro-batch that Spark replays after a crash recomputes from the same
+records and the same state and gets the same rows; the sink replaces
+(Parquet) or skips (SQLite, PostgreSQL) its own earlier copy. See
+``docs/pipeline.md``. Fault injection (tests): ``TICKWHEEL_FAULT=POINT:BATCH``
+kills the driver with SIGKILL at ``POINT`` of micro-batch ``BATCH``
+(:data:`~.checkpoint.FAULT_POINTS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..rules import Rules, load_rules
+from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
+from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
+from ..storage import absolute, join, storage_for
+from .checkpoint import CheckpointOwner, StateStore
+from .micro_batch import TABLES, MicroBatch, MicroBatchInput
+from .runner import (
+    BatchRunner,
+    _before_first_batch,
+    _checkpoint_root,
+    _new_plan,
+    _spark_checkpoint,
+    _with_trigger,
+    parse_trigger,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from ..sinks import BatchSink, SinkFunction
+    from .progress import ProgressSpool
+
+__all__ = [
+    "read_stream_outputs",
+    "start_stream",
+]
+
+
+def start_stream(
+    records: DataFrame,
+    rules: Rules | str | os.PathLike[str],
+    *,
+    output: str | None = None,
+    checkpoint: str,
+    sink: str | BatchSink | SinkFunction = "parquet",
+    trigger: str | None = None,
+    partitions: int | None = None,
+    max_future: int | str | None = DEFAULT_MAX_FUTURE_MS,
+    input_format: str | None = None,
+    jdbc_url: str | None = None,
+    quiet: bool = True,
+    drop_incompatible_state: bool = False,
+    progress_metrics: bool = False,
+) -> StreamingQuery:
+    """Start the delayed operations of a streaming ``records`` frame; return its query.
+
+    ``records`` comes from any replayable Structured Streaming source, in a
+    form of :mod:`tickwheel.pipeline.spark.records` (a ``value`` column of JSON
+    text or bytes, as Kafka's source gives; or the ``[input]`` fields as
+    columns). Each micro-batch runs the same step as
+    :func:`~tickwheel.pipeline.delayed_operations`, with the state the previous
+    one committed, and commits its ``outcomes``, ``unmatched``, ``rejected``
+    and ``late`` rows to ``sink`` exactly once by batch id (``"parquet"`` in
+    ``output``, ``"sqlite"``, ``"postgresql"`` with ``jdbc_url``, or a
+    :class:`~tickwheel.pipeline.sinks.BatchSink`). ``sink`` may also be a
+    function of your own, ``fn(tables, batch_id)``, as Spark's
+    ``foreachBatch`` calls one: ``tables`` maps those four names to the
+    micro-batch's DataFrames, the same rows when a crash makes Spark replay
+    the batch id, and idempotence by batch id is the function's
+    (:class:`~tickwheel.pipeline.sinks.FunctionSink`; ``output`` is then not
+    needed). Spark's checkpoint goes to
+    ``CHECKPOINT/spark`` and tickwheel's state to ``CHECKPOINT/tickwheel``;
+    the checkpoint is locked until the query ends (a second query on it
+    raises :class:`~.checkpoint.CheckpointInUse`). ``trigger`` is ``"once"``,
+    ``"available-now"``, ``"interval=30s"`` or None (Spark's default).
+    ``read_stream_outputs`` reads the results with the pending operations.
+
+    On a checkpoint that holds state, the rules are first compared with those
+    it recorded (:mod:`.evolution`): a change its state cannot follow raises
+    :class:`~.evolution.RulesChangeRefused` before the query starts, unless
+    ``drop_incompatible_state`` drops what the old rules left; a checkpoint in
+    a newer state format than this release reads raises :class:`~.checkpoint.StreamError`.
+
+    ``progress_metrics`` puts each micro-batch's figures in Spark's
+    ``StreamingQueryProgress``, where a ``StreamingQueryListener`` reads them:
+    as ``observedMetrics["tickwheel"]`` of a companion query, ``tickwheel
+    progress of <query id>``, which stops after this one (:mod:`.progress`
+    has the fields). It costs one Spark job per micro-batch, which counts the
+    outcomes, and the companion's own micro-batches.
+    """
+    from ..sinks import as_sink, make_sink
+
+    _check_stream_arguments(records, sink, output, trigger)
+    if not isinstance(rules, Rules):
+        rules = load_rules(os.fspath(rules))
+    spark = records.sparkSession
+    options = StepOptions(
+        partitions=partitions,
+        max_future_ms=parse_max_future(max_future),
+        input_format=input_format,
+        rows_per_partition=MICRO_BATCH_ROWS_PER_PARTITION,
+    )
+    spool = _progress_spool(progress_metrics)
+    _, store, lock = _checkpoint_root(checkpoint, spark)
+    try:
+        adjustment = _before_first_batch(
+            spark, store, rules, input_format=input_format,
+            drop_incompatible_state=drop_incompatible_state, quiet=quiet,
+        )  # fmt: skip
+        batch_sink = (
+            as_sink(sink)
+            if not isinstance(sink, str)
+            else make_sink(sink, output or "", spark, url=jdbc_url)
+        )
+
+        def process(frame: DataFrame, batch_id: int) -> tuple[Mapping[str, Any], dict[str, Any]]:
+            plan = store.plan(batch_id, lambda: _new_plan(batch_id, input_format=input_format))
+            batch = MicroBatchInput(frame, plan)
+            micro_batch = MicroBatch(
+                rules, store, batch_sink, options, batch, adjustment,
+                outcome_counts=spool is not None,
+            )  # fmt: skip
+            return batch.plan, micro_batch.run()
+
+        publish = spool.write if spool is not None else None
+        runner = BatchRunner(store, batch_sink, process, quiet=quiet, publish=publish)
+        writer = records.writeStream.foreachBatch(runner).option(
+            "checkpointLocation", _spark_checkpoint(absolute(checkpoint))
+        )
+        query = _with_trigger(writer, trigger).start()
+    except BaseException:
+        lock.release()
+        raise
+    try:
+        companion = _start_companion(spark, query, spool)
+    except BaseException:
+        query.stop()
+        lock.release()
+        raise
+    lock.in_use = lambda: bool(query.isActive)
+    _release_when_done(spark, query, lock, companion)
+    return query
+
+
+def _check_stream_arguments(
+    records: DataFrame, sink: object, output: str | None, trigger: str | None
+) -> None:
+    """What :func:`start_stream` refuses before it locks the checkpoint. O(1)."""
+    if not records.isStreaming:
+        raise ValueError("start_stream takes a streaming DataFrame; for a batch one use "
+                         "delayed_operations")  # fmt: skip
+    if trigger is not None:
+        parse_trigger(trigger)
+    if isinstance(sink, str) and output is None and sink not in ("postgresql", "postgres"):
+        raise ValueError(f"start_stream: the {sink} sink needs output=, a directory")
+
+
+def _progress_spool(progress_metrics: bool) -> ProgressSpool | None:
+    """A new spool for ``progress_metrics`` (:mod:`.progress`), else None. O(1)."""
+    if not progress_metrics:
+        return None
+    from .progress import ProgressSpool
+
+    return ProgressSpool(uuid.uuid4().hex)
+
+
+def _start_companion(
+    spark: SparkSession, query: StreamingQuery, spool: ProgressSpool | None
+) -> StreamingQuery | None:
+    """The companion query that reports what ``query``'s micro-batches leave in
+    ``spool`` (:mod:`.progress`); None without a spool."""
+    if spool is None:
+        return None
+    from .progress import start_progress_query
+
+    return start_progress_query(spark, str(query.id), spool)
+
+
+def _drain_and_stop(companion: StreamingQuery) -> None:
+    """Let ``companion`` read what its spool holds, then stop it. Bounded by its own
+    micro-batches: a failed companion raises at once."""
+    with contextlib.suppress(Exception):  # a failed companion is stopped all the same
+        companion.processAllAvailable()
+    companion.stop()
+
+
+def _release_when_done(
+    spark: SparkSession,
+    query: StreamingQuery,
+    lock: CheckpointOwner,
+    companion: StreamingQuery | None = None,
+) -> None:
+    """Release ``lock`` when ``query`` terminates, however it ends; then let the
+    ``companion`` query (:mod:`.progress`) read what is left and stop it."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    ended = threading.Lock()
+
+    def after_query() -> None:
+        if not ended.acquire(blocking=False):  # the listener and the check below may both call
+            return
+        lock.release()
+        if companion is not None:
+            # Spark Connect calls listeners holding a lock that the companion's
+            # calls need: wait for it from another thread.
+            threading.Thread(target=_drain_and_stop, args=(companion,), daemon=True).start()
+
+    class Release(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if str(event.id) == str(query.id):
+                after_query()
+                # Spark Connect's client calls listeners holding the lock that
+                # removeListener takes: remove it from another thread.
+                threading.Thread(
+                    target=spark.streams.removeListener, args=(self,), daemon=True
+                ).start()
+
+    spark.streams.addListener(Release())
+    if not query.isActive:  # ended before the listener was in place
+        after_query()
+
+
+def read_stream_outputs(
+    spark: SparkSession, sink: BatchSink, checkpoint: str
+) -> dict[str, DataFrame | None]:
+    """The job's outputs so far: every committed batch's rows plus the current state.
+
+    ``outcomes`` holds the final outcomes of all committed batches and one
+    ``pending`` row for each operation still pending in the latest committed
+    state (what a single batch run over the same data writes); ``unmatched``,
+    ``rejected`` and ``late`` are the union of the batches; ``buffered`` lists
+    the events above the watermark, not applied yet. ``batch_id`` is kept on
+    the batch tables. O(output size).
+    """
+    from pyspark.sql import functions as F
+
+    root = join(absolute(checkpoint), "tickwheel")
+    store = StateStore(root, storage_for(root, spark))
+    out: dict[str, DataFrame | None] = {t: sink.read_table(spark, t) for t in TABLES}
+    committed = store.committed()
+    if not committed:
+        out["buffered"] = None
+        return out
+    last = store.path(committed[-1])
+    meta: Mapping[str, Any] = store.meta(committed[-1])
+    ops = spark.read.parquet(join(last, "ops"))
+    pending = ops.where(F.col("kind") == "pending").select(
+        "rule",
+        "key",
+        F.col("event_id").alias("op_id"),
+        F.col("time").alias("opened_at"),
+        "deadline",
+        F.lit("pending").alias("outcome"),
+        F.lit(None).cast("long").alias("resolved_at"),
+        F.lit(None).cast("long").alias("latency_ms"),
+        F.lit(None).cast("string").alias("resolve_event_id"),
+        F.lit(None).cast("long").alias("batch_id"),
+    )
+    final = out["outcomes"]
+    out["outcomes"] = pending if final is None else final.unionByName(pending)
+    events = spark.read.parquet(join(last, "events"))
+    watermark = meta.get("watermark")
+    out["buffered"] = events if watermark is None else events.where(F.col("time") > watermark)
+    return out
