@@ -17,6 +17,7 @@ from tickwheel.pipeline.sinks import (
     jdbc_jars,
     make_sink,
 )
+from tickwheel.pipeline.stream.checkpoint import Attempt
 
 pytestmark = pytest.mark.spark
 
@@ -37,18 +38,21 @@ def _frame(spark: Any, n: int, tag: str) -> Any:
 
 def _round_trip(spark: Any, sink: Any) -> None:
     first = _frame(spark, 3, "a")
-    sink.stage(0, {"outcomes": first, "late": _frame(spark, 0, "x")})
+    staged = sink.stage(0, {"outcomes": first, "late": _frame(spark, 0, "x")}, Attempt.new(1))
     assert not sink.is_committed(0)
     assert (
         sink.read_table(spark, "outcomes") is None
         or sink.read_table(spark, "outcomes").count() == 0
     )
-    assert sink.commit(0) is True
-    # a replay of batch 0 (even with other rows) is a no-op: never a second copy
-    sink.stage(0, {"outcomes": _frame(spark, 5, "b"), "late": _frame(spark, 0, "x")})
-    assert sink.commit(0) is False
-    sink.stage(1, {"outcomes": _frame(spark, 2, "c"), "late": _frame(spark, 1, "l")})
-    assert sink.commit(1) is True
+    assert sink.commit(0, staged) is True
+    assert sink.commit(0, staged) is False  # a roll-forward of a published batch
+    # another attempt at batch 0 (even with other rows) is never published
+    again = sink.stage(0, {"outcomes": _frame(spark, 5, "b"), "late": _frame(spark, 0, "x")},
+                       Attempt.new(1))  # fmt: skip
+    assert sink.commit(0, again) is False
+    staged = sink.stage(1, {"outcomes": _frame(spark, 2, "c"), "late": _frame(spark, 1, "l")},
+                        Attempt.new(2))  # fmt: skip
+    assert sink.commit(1, staged) is True
     assert sink.committed_batches() == [0, 1]
     back = sink.read_table(spark, "outcomes")
     assert back is not None
@@ -76,24 +80,80 @@ def _round_trip(spark: Any, sink: Any) -> None:
 
 
 def test_parquet_sink_round_trip(spark: Any, tmp_path: Path) -> None:
-    """Staged directories renamed into place; a replayed batch keeps one copy."""
-    _round_trip(spark, ParquetSink(str(tmp_path / "out")))
+    """Staged files moved into place and named in Spark's file sink log; an attempt
+    that was not published is never read, and is dropped by the owner's clean."""
+    sink = ParquetSink(str(tmp_path / "out"))
+    _round_trip(spark, sink)
     assert sorted(p.name for p in (tmp_path / "out" / "outcomes").iterdir()) == [
+        "_spark_metadata",
         "batch_id=0",
         "batch_id=1",
     ]
+    assert sorted(p.name for p in (tmp_path / "out" / "_staging").iterdir()) == ["0", "1"]
+    sink.clean(1)
+    assert list((tmp_path / "out" / "_staging").iterdir()) == []
 
 
-def test_parquet_sink_replaces_a_half_committed_batch(spark: Any, tmp_path: Path) -> None:
-    """A crash after the tables and before the marker: the replay replaces its own copy."""
+def _plain(spark: Any, table: Path) -> list[str]:
+    """The keys a plain ``spark.read.parquet`` of ``table`` reads."""
+    return sorted(r.key for r in spark.read.parquet(str(table)).collect())
+
+
+def test_only_the_published_attempt_is_read_by_any_spark_reader(spark: Any, tmp_path: Path) -> None:
+    """Two attempts at one batch (a crashed or fenced one, and the one a commit names):
+    tickwheel's reader and a plain ``spark.read.parquet`` read the named one's rows,
+    and nothing before its publication."""
     sink = ParquetSink(str(tmp_path / "out"))
-    sink.stage(0, {"outcomes": _frame(spark, 3, "a")})
-    sink.commit(0)
-    (tmp_path / "out" / "_batches" / "0.json").unlink()  # as if killed before the marker
-    assert sink.read_table(spark, "outcomes").count() == 0  # type: ignore[union-attr]
-    sink.stage(0, {"outcomes": _frame(spark, 3, "a")})
-    assert sink.commit(0) is True
+    crashed = sink.stage(0, {"outcomes": _frame(spark, 3, "a")}, Attempt.new(1))
+    named = sink.stage(0, {"outcomes": _frame(spark, 2, "b")}, Attempt.new(2))
+    assert crashed is not None and named is not None
+    assert sink.read_table(spark, "outcomes") is None
+    assert sink.commit(0, named) is True
+    assert sorted(r.key for r in sink.read_table(spark, "outcomes").collect()) == ["b0", "b1"]  # type: ignore[union-attr]
+    assert _plain(spark, tmp_path / "out" / "outcomes") == ["b0", "b1"]
+    published = tmp_path / "out" / "outcomes" / "batch_id=0"
+    assert sink.committed_files("outcomes") == sorted(str(p) for p in published.iterdir())
+    assert all(named["attempt"] in p.name for p in published.iterdir())
+    more = sink.stage(1, {"outcomes": _frame(spark, 1, "c")}, Attempt.new(2))
+    # a file left in a batch's directory by no commit (as an older release's crashed
+    # attempt left them) is not read either
+    stray = tmp_path / "out" / "outcomes" / "batch_id=1"
+    stray.mkdir()
+    (tmp_path / "out" / "_staging" / "0" / crashed["attempt"] / "outcomes").rename(stray / "x")
+    assert sink.commit(1, more) is True
+    assert _plain(spark, tmp_path / "out" / "outcomes") == ["b0", "b1", "c0"]
+
+
+def test_a_publication_cut_short_rolls_forward(spark: Any, tmp_path: Path) -> None:
+    """A crash during the publication (the file moved, its log entry and the marker
+    not written): publishing the same commit again completes it, once."""
+    sink = ParquetSink(str(tmp_path / "out"))
+    staged = sink.stage(0, {"outcomes": _frame(spark, 3, "a")}, Attempt.new(1))
+    assert sink.commit(0, staged) is True
+    (tmp_path / "out" / "_batches" / "0.json").unlink()
+    (tmp_path / "out" / "outcomes" / "_spark_metadata" / "0").unlink()
+    assert not sink.is_committed(0)
+    assert sink.commit(0, staged) is True
     assert sink.read_table(spark, "outcomes").count() == 3  # type: ignore[union-attr]
+    assert _plain(spark, tmp_path / "out" / "outcomes") == ["a0", "a1", "a2"]
+
+
+def test_an_older_releases_batches_stay_readable(spark: Any, tmp_path: Path) -> None:
+    """An output whose first batches an older release published (its marker, no log):
+    the log the first new batch starts names them, so every Spark reader keeps
+    them; batches the older release did not publish are not read."""
+    out = tmp_path / "out"
+    spark.createDataFrame([("payment", "old0", BIG, BIG, "expired", None, 0.0, True)],
+                          SCHEMA).write.parquet(str(out / "outcomes" / "batch_id=0"))  # fmt: skip
+    (out / "_batches").mkdir()
+    (out / "_batches" / "0.json").write_text('{"batch_id": 0, "tables": ["outcomes"]}')
+    spark.createDataFrame([("payment", "crashed", BIG, BIG, "expired", None, 0.0, True)],
+                          SCHEMA).write.parquet(str(out / "outcomes" / "batch_id=1"))  # fmt: skip
+    sink = ParquetSink(str(out))
+    staged = sink.stage(1, {"outcomes": _frame(spark, 1, "new")}, Attempt.new(1))
+    assert sink.commit(1, staged) is True
+    assert _plain(spark, out / "outcomes") == ["new0", "old0"]
+    assert sorted(r.key for r in sink.read_table(spark, "outcomes").collect()) == ["new0", "old0"]  # type: ignore[union-attr]
 
 
 def test_sqlite_sink_round_trip(spark: Any, tmp_path: Path) -> None:
@@ -126,17 +186,19 @@ def test_postgres_sink_commits_without_a_jvm(spark: Any, postgres: Any) -> None:
 
     staging = PostgresSink(postgres.jdbc_url, spark, prefix="nojvm_")
     committer = pickle.loads(pickle.dumps(PostgresSink(postgres.jdbc_url, prefix="nojvm_")))
-    staging.stage(4, {"outcomes": _frame(spark, 3, "a"), "late": _frame(spark, 0, "x")})
+    staged = staging.stage(4, {"outcomes": _frame(spark, 3, "a"), "late": _frame(spark, 0, "x")},
+                           Attempt.new(1))  # fmt: skip
     assert committer.is_committed(4) is False
-    assert committer.commit(4) is True
+    assert committer.commit(4, staged) is True
     assert committer.committed_batches() == [4]
 
     def rows() -> list[str]:
         return postgres.psql("SELECT key FROM nojvm_outcomes ORDER BY key").split()
 
     assert rows() == ["a0", "a1", "a2"]
-    staging.stage(4, {"outcomes": _frame(spark, 5, "b"), "late": _frame(spark, 0, "x")})
-    assert committer.commit(4) is False  # a replay: no second copy, its staged rows dropped
+    again = staging.stage(4, {"outcomes": _frame(spark, 5, "b"), "late": _frame(spark, 0, "x")},
+                          Attempt.new(2))  # fmt: skip
+    assert committer.commit(4, again) is False  # a replay: no second copy, its staged rows dropped
     assert rows() == ["a0", "a1", "a2"]
     assert postgres.psql("SELECT count(*) FROM nojvm_stage_outcomes").strip() == "0"
     counts = postgres.psql("SELECT row_counts FROM nojvm_tickwheel_batches WHERE batch_id = 4")
@@ -155,7 +217,7 @@ def test_make_sink_names_the_problem(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(SinkError, match="jdbc:sqlite:"):
         SqliteSink("sqlite:///x.db")
     with pytest.raises(SinkError, match="not staged"):
-        ParquetSink(str(tmp_path / "o")).commit(7)
+        ParquetSink(str(tmp_path / "o")).commit(7, None)
 
 
 def test_descriptions_hold_no_password(spark: Any, tmp_path: Path) -> None:
@@ -178,22 +240,22 @@ def test_tables_known_empty_get_no_write_but_exist(spark: Any, tmp_path: Path) -
     """``empty`` tables: no Spark job writes them; a database still has the table."""
     staged: list[str] = []
     parquet = ParquetSink(str(tmp_path / "pq"))
-    parquet.stage(0, {"outcomes": _frame(spark, 2, "a"), "late": _frame(spark, 0, "x")},
-                  on_table=staged.append, empty={"late"})  # fmt: skip
+    done = parquet.stage(0, {"outcomes": _frame(spark, 2, "a"), "late": _frame(spark, 0, "x")},
+                         Attempt.new(1), on_table=staged.append, empty={"late"})  # fmt: skip
     assert sorted(staged) == ["late", "outcomes"]  # the empty one is staged too: nothing
-    assert parquet.commit(0) is True
+    assert parquet.commit(0, done) is True
     late = parquet.read_table(spark, "late")
     assert late is not None and late.count() == 0  # the table exists, with no row
     assert parquet.read_table(spark, "outcomes").count() == 2  # type: ignore[union-attr]
     assert len(jdbc_jars()) == 2, "run scripts/system-deps.sh: the Debian JDBC jars are missing"
     sqlite = SqliteSink(f"jdbc:sqlite:{tmp_path / 's.db'}")
-    sqlite.stage(0, {"outcomes": _frame(spark, 2, "a"), "late": _frame(spark, 0, "x")},
-                 empty={"late"})  # fmt: skip
-    assert sqlite.commit(0) is True
+    done = sqlite.stage(0, {"outcomes": _frame(spark, 2, "a"), "late": _frame(spark, 0, "x")},
+                        Attempt.new(1), empty={"late"})  # fmt: skip
+    assert sqlite.commit(0, done) is True
     late = sqlite.read_table(spark, "late")
     assert late is not None and late.count() == 0  # the table exists, with no row
-    parquet.stage(1, {"late": _frame(spark, 0, "x")}, empty={"late"})  # nothing to write
-    assert parquet.commit(1) is True
+    done = parquet.stage(1, {"late": _frame(spark, 0, "x")}, Attempt.new(1), empty={"late"})
+    assert parquet.commit(1, done) is True  # nothing was written but an empty file
     assert parquet.committed_batches() == [0, 1]
 
 

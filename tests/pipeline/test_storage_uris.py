@@ -317,7 +317,7 @@ def test_uri_checkpoint_owners_refuse_a_second_job_and_fence_a_stale_one(
     owners = viewfs.root / "ck" / "tickwheel" / "owners"
     (owners / "3.json").write_text(json.dumps({"token": 3, "pid": _dead_pid(),
                                                "host": "elsewhere"}))  # fmt: skip
-    with pytest.raises(StreamError, match="another job took it over"):
+    with pytest.raises(StreamError, match="was taken over by token 3 on host elsewhere"):
         second.check()
     second.release()
 

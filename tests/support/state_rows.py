@@ -16,9 +16,10 @@ def record_ops_rows(job: Any, seen: list[tuple[int, int]]) -> None:
 
     commit = job.store.commit
 
-    def recording(batch_id: int, meta: dict[str, Any]) -> None:
-        commit(batch_id, meta)
-        path = job.store.path(batch_id)
+    def recording(batch_id: int, meta: dict[str, Any]) -> dict[str, Any]:
+        record: dict[str, Any] = commit(batch_id, meta)
+        path = job.store.state_path(batch_id, record)
         seen.append((meta["watermark"], pq.read_table(os.path.join(path, "ops")).num_rows))
+        return record
 
     job.store.commit = recording

@@ -37,7 +37,7 @@ import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -219,10 +219,9 @@ class LocalStorage:
         fsync_directory(directory)
 
     def uri(self, path: str) -> str:
-        """A ``file://`` URI, percent-encoded. O(len)."""
-        from pathlib import Path
-
-        return Path(os.path.abspath(path)).as_uri()
+        """``file://`` and the absolute path, with what a URI's path may not hold (a space,
+        ``%``...) percent-encoded, as Hadoop's ``Path.toUri`` writes it. O(len)."""
+        return "file://" + quote(os.path.abspath(path), safe="/:@!$&'()*+,;=")
 
     def list_files(self, directory: str) -> Iterator[tuple[str, int, int]]:
         """O(files); a file lists itself, as Hadoop's ``listFiles`` does."""

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..storage import Storage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from ..stream.checkpoint import Attempt
 
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "SinkFunction",
     "as_sink",
     "make_sink",
+    "reopen_sink",
 ]
 
 #: The column every sink adds to every table: the micro-batch id.
@@ -35,7 +38,15 @@ class SinkError(RuntimeError):
 
 
 class BatchSink(Protocol):
-    """Where the pipeline's per-batch tables go; idempotent per batch id."""
+    """Where the pipeline's per-batch tables go; published exactly once per batch id.
+
+    The stream calls :meth:`stage` for each attempt at a batch, records what
+    it returns in the checkpoint's commit of the batch (the commit point),
+    then calls :meth:`commit` with it. After a crash between the two, the
+    next job calls :meth:`commit` again with the same record, so it must be
+    a no-op for a batch already published, and must publish exactly what the
+    record names, whichever attempt wrote it.
+    """
 
     name: str
 
@@ -43,11 +54,13 @@ class BatchSink(Protocol):
         self,
         batch_id: int,
         tables: Mapping[str, DataFrame],
+        attempt: Attempt,
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
         small: bool = False,
-    ) -> None:
-        """Write the batch's rows out of readers' sight, replacing an earlier attempt.
+    ) -> Mapping[str, Any] | None:
+        """Write the batch's rows out of readers' sight, under names of ``attempt``'s own
+        (no other attempt's files are touched); return what was staged, as JSON values.
 
         ``on_table(name)`` is called after each table is written (progress, tests).
         ``empty`` names tables known to have no rows: the sink writes none of
@@ -56,8 +69,9 @@ class BatchSink(Protocol):
         which a sink may do rather than run Spark's writer.
         """
 
-    def commit(self, batch_id: int) -> bool:
-        """Make the staged batch visible exactly once; False when it already was."""
+    def commit(self, batch_id: int, staged: Mapping[str, Any] | None) -> bool:
+        """Publish what a commit of the checkpoint named (``staged``, from
+        :meth:`stage`) exactly once; False when the batch already was."""
 
     def is_committed(self, batch_id: int) -> bool:
         """True when ``batch_id`` is visible in the sink."""
@@ -91,6 +105,27 @@ def _write_empty_parquet(storage: Storage, directory: str, schema: StructType) -
 
     empty = pa.Table.from_batches([], schema=to_arrow_schema(schema))
     write_arrow_parquet(empty, directory, storage)
+
+
+def reopen_sink(location: Mapping[str, Any], spark: SparkSession | None = None) -> BatchSink | None:
+    """The sink a checkpoint's commit recorded (a sink's ``location()``), opened again;
+    None for a function's sink, whose rows are where the function put them. O(1)."""
+    from .parquet import ParquetSink
+    from .postgres import PostgresSink
+    from .sqlite import SqliteSink
+
+    name, prefix = location.get("name"), str(location.get("prefix") or "")
+    if name == "parquet":
+        return ParquetSink(str(location["output"]), spark)
+    if name == "sqlite":
+        return SqliteSink(str(location["url"]), prefix=prefix)
+    if name == "postgresql":
+        return PostgresSink(str(location["url"]), prefix=prefix)
+    if name == "function":
+        return None
+    raise SinkError(
+        f"the checkpoint's outputs are in a sink this release cannot open ({name!r}): pass the sink"
+    )
 
 
 def make_sink(kind: str, output: str, spark: SparkSession, *, url: str | None = None) -> BatchSink:

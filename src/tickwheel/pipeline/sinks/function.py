@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .base import SinkError, SinkFunction
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from ..stream.checkpoint import Attempt
 
 
 __all__ = [
@@ -42,6 +44,7 @@ class FunctionSink:
         self,
         batch_id: int,
         tables: Mapping[str, DataFrame],
+        attempt: Attempt,
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
         small: bool = False,
@@ -52,9 +55,13 @@ class FunctionSink:
             for name in sorted(tables):
                 on_table(name)
 
-    def commit(self, batch_id: int) -> bool:
+    def commit(self, batch_id: int, staged: Mapping[str, Any] | None) -> bool:
         """Nothing to do: the function wrote what it wrote. O(1)."""
         return True
+
+    def location(self) -> dict[str, Any]:
+        """A function's sink cannot be opened again from a checkpoint. O(1)."""
+        return {"name": self.name}
 
     def is_committed(self, batch_id: int) -> bool:
         """False: a replayed batch is handed to the function again. O(1)."""

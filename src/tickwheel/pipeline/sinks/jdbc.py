@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from .credentials import redact_url
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from ..stream.checkpoint import Attempt
 
 
 __all__ = [
@@ -115,10 +118,19 @@ def _quote(name: str) -> str:
     return f'"{name}"'
 
 
-def _create_table_sql(name: str, schema: StructType, dialect: str) -> str:
+def _create_table_sql(name: str, schema: StructType, dialect: str, staging: bool = False) -> str:
     cols = [f"{_quote(f.name)} {_sql_type(f.dataType, dialect)}" for f in schema.fields]
     cols.append(f"{_quote(BATCH_ID)} BIGINT NOT NULL")
+    if staging:  # which attempt staged the row: a commit copies one attempt's rows
+        cols.append(f"{_quote(ATTEMPT)} TEXT")
     return f"CREATE TABLE IF NOT EXISTS {_quote(name)} ({', '.join(cols)})"
+
+
+def _attempt_literal(tag: str) -> str:
+    """An attempt's tag (:class:`~..stream.checkpoint.Attempt`) as an SQL string literal."""
+    if not re.fullmatch(r"[A-Za-z0-9-]+", tag):
+        raise SinkError(f"unsafe attempt tag {tag!r}")
+    return f"'{tag}'"
 
 
 def _custom_schema(schema: StructType) -> str:
@@ -127,6 +139,8 @@ def _custom_schema(schema: StructType) -> str:
     return ", ".join(parts)
 
 
+#: The staging tables' column naming the attempt that staged each row.
+ATTEMPT = "tickwheel_attempt"
 _BATCHES_TABLE = "tickwheel_batches"
 _SCHEMAS_TABLE = "tickwheel_schemas"
 
@@ -201,12 +215,13 @@ class _JdbcSink:
                     f"{[f.name for f in schema.fields]}"
                 )
             self._schemas[table] = stored
+            self._ensure_attempt_column(table)
             return
         schema_json = json.dumps(schema.jsonValue()).replace("'", "''")
         self._execute(
             [
                 _create_table_sql(self._table(table), schema, self.dialect),
-                _create_table_sql(self._stage_table(table), schema, self.dialect),
+                _create_table_sql(self._stage_table(table), schema, self.dialect, staging=True),
                 f"INSERT INTO {_quote(self._table(_SCHEMAS_TABLE))} (table_name, spark_schema) "
                 f"VALUES ('{table}', '{schema_json}')",
             ],
@@ -214,13 +229,19 @@ class _JdbcSink:
         )
         self._schemas[table] = schema
 
+    def _ensure_attempt_column(self, table: str) -> None:
+        """Give a staging table of an older release the attempt column. One query."""
+        stage = _quote(self._stage_table(table))
+        try:
+            self._query(f"SELECT {_quote(ATTEMPT)} FROM {stage} WHERE 1 = 0")
+        except Exception:  # the column is missing: the staging table is older
+            self._execute([f"ALTER TABLE {stage} ADD COLUMN {_quote(ATTEMPT)} TEXT"],
+                          transaction=True)  # fmt: skip
+
     def _known_tables(self) -> list[str]:
-        """Tables staged in this process, else every table the sink has created."""
+        """Every table the sink has created, their schemas loaded. One query."""
         from pyspark.sql.types import StructType
 
-        staged = getattr(self, "_staged_tables", None)
-        if staged is not None:
-            return list(staged)
         rows = self._query(
             f"SELECT table_name, spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
             "ORDER BY table_name"
@@ -229,84 +250,102 @@ class _JdbcSink:
             self._schemas.setdefault(name, StructType.fromJson(json.loads(schema)))
         return [name for name, _ in rows]
 
-    def _drop_staged(self, batch_id: int, tables: Sequence[str]) -> None:
-        self._execute(
-            [
-                f"DELETE FROM {_quote(self._stage_table(t))} WHERE {BATCH_ID} = {int(batch_id)}"
-                for t in tables
-            ],
-            transaction=True,
-        )
+    def _drop_staged(self, batch_id: int, tables: Sequence[str]) -> list[str]:
+        """The statements that drop every staged row of ``batch_id`` and older batches:
+        once a batch is published, no commit names any of them."""
+        return [
+            f"DELETE FROM {_quote(self._stage_table(t))} WHERE {BATCH_ID} <= {int(batch_id)}"
+            for t in tables
+        ]
+
+    def _commit_preamble(self) -> list[str]:
+        """Statements that open the commit's transaction (a dialect's lock)."""
+        return []
 
     def stage(
         self,
         batch_id: int,
         tables: Mapping[str, DataFrame],
+        attempt: Attempt,
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
         small: bool = False,  # Spark's JDBC writer inserts from the executors either way
-    ) -> None:
-        """Write the batch's rows into staging tables through Spark's JDBC writer.
+    ) -> dict[str, Any]:
+        """Append the batch's rows to the staging tables through Spark's JDBC writer,
+        marked with ``attempt``'s tag; return the tag and the tables.
 
-        A table in ``empty`` is created when missing, and gets no write job.
+        No other attempt's rows are touched: a commit copies one attempt's. A
+        table in ``empty`` is created when missing, and gets no write job.
         """
+        from pyspark.sql import functions as F
+
         self._ensure_base()
-        self._staged_tables = sorted(tables)
         for table, df in tables.items():
             self._ensure_table(table, df.schema)
             if table in empty:
                 if on_table is not None:
                     on_table(table)
                 continue
-            stage = self._stage_table(table)
-            self._execute(
-                [f"DELETE FROM {_quote(stage)} WHERE {BATCH_ID} = {int(batch_id)}"],
-                transaction=True,
-            )
-            out = _with_batch_id(df, batch_id)
+            out = _with_batch_id(df, batch_id).withColumn(ATTEMPT, F.lit(attempt.tag))
             parallelism = self._write_parallelism()
             if parallelism is not None:
                 out = out.coalesce(parallelism)
-            writer = out.write.format("jdbc").mode("append").option("dbtable", stage)
+            writer = out.write.format("jdbc").mode("append")
+            writer = writer.option("dbtable", self._stage_table(table))
             for key, value in self._jdbc_options().items():
                 writer = writer.option(key, value)
             writer.option("batchsize", "10000").save()
             if on_table is not None:
                 on_table(table)
+        return {"attempt": attempt.tag, "tables": sorted(tables)}
 
-    def commit(self, batch_id: int) -> bool:
-        """Copy the staged rows and insert the ``tickwheel_batches`` row in ONE transaction."""
+    def commit(self, batch_id: int, staged: Mapping[str, Any] | None) -> bool:
+        """ONE transaction: the rows ``staged`` names (one attempt's) copied into the
+        tables, the ``tickwheel_batches`` row inserted, and the staged rows of this
+        batch and older ones dropped; each insert guarded by the batch's absence, so
+        a second commit of the batch (a roll-forward, a concurrent one) copies
+        nothing. False when the batch was committed already."""
         self._ensure_base()
         tables = self._known_tables()
         if self.is_committed(batch_id):
-            self._drop_staged(batch_id, tables)  # a replay's staged rows: not a second copy
+            self._execute(self._drop_staged(batch_id, tables), transaction=True)
             return False
+        if staged is None:
+            raise SinkError(f"batch {batch_id} was not staged in {self.describe()}")
+        where = (
+            f"{BATCH_ID} = {int(batch_id)} AND {_quote(ATTEMPT)} = "
+            f"{_attempt_literal(str(staged['attempt']))}"
+        )
         counts = {}
-        for table in tables:
-            rows = self._query(
-                f"SELECT COUNT(*) FROM {_quote(self._stage_table(table))} "
-                f"WHERE {BATCH_ID} = {int(batch_id)}"
-            )
+        for table in staged["tables"]:
+            rows = self._query(f"SELECT COUNT(*) FROM {_quote(self._stage_table(table))} "
+                               f"WHERE {where}")  # fmt: skip
             counts[table] = int(rows[0][0])
-        statements = []
-        for table in tables:
+        guard = (
+            f"NOT EXISTS (SELECT 1 FROM {_quote(self._table(_BATCHES_TABLE))} "
+            f"WHERE batch_id = {int(batch_id)})"
+        )
+        statements = self._commit_preamble()
+        for table in staged["tables"]:
             cols = ", ".join(_quote(f.name) for f in self._schemas[table].fields)
             cols += f", {_quote(BATCH_ID)}"
             statements.append(
                 f"INSERT INTO {_quote(self._table(table))} ({cols}) SELECT {cols} FROM "
-                f"{_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)}"
+                f"{_quote(self._stage_table(table))} WHERE {where} AND {guard}"
             )
+        row_counts = json.dumps(counts, sort_keys=True)
         statements.append(
             f"INSERT INTO {_quote(self._table(_BATCHES_TABLE))} "
-            f"(batch_id, committed_at, row_counts) VALUES "
-            f"({int(batch_id)}, {time.time()!r}, '{json.dumps(counts, sort_keys=True)}')"
+            f"(batch_id, committed_at, row_counts) SELECT {int(batch_id)}, {time.time()!r}, "
+            f"'{row_counts}' WHERE {guard}"
         )
-        for table in tables:
-            statements.append(
-                f"DELETE FROM {_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)}"
-            )
+        statements.extend(self._drop_staged(batch_id, tables))
         self._execute(statements, transaction=True)
         return True
+
+    def location(self) -> dict[str, Any]:
+        """What the checkpoint records to find this sink again (no secret). O(1)."""
+        return {"name": self.name, "url": self.url, "prefix": self.prefix}
 
     def is_committed(self, batch_id: int) -> bool:
         """True when ``tickwheel_batches`` holds ``batch_id``. One indexed query."""

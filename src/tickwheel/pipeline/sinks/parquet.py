@@ -1,35 +1,65 @@
-"""The Parquet directory sink (the default): each batch's tables in place, then a marker."""
+"""The Parquet directory sink (the default): Spark's file sink layout, an attempt's own
+files, published by the checkpoint's commit."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..storage import StorageError, absolute, create_json, join, storage_for
+from ..storage import (
+    StorageError,
+    absolute,
+    create_json,
+    is_uri,
+    join,
+    local_path,
+    storage_for,
+)
 from .base import BATCH_ID, SinkError, _write_empty_parquet
+from .file_sink_log import FileSinkLog, SinkFile
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from ..stream.checkpoint import Attempt
+
 
 __all__ = [
+    "STAGING_DIR",
     "ParquetSink",
 ]
 
+#: Where the attempts stage their tables until a commit names one (hidden from the
+#: readers that list the output themselves: its name starts with ``_``).
+STAGING_DIR = "_staging"
+
 
 class ParquetSink:
-    """Parquet directory sink (the default): each batch's tables in place, then a marker.
+    """Parquet directory sink (the default): Spark's file sink layout, one attempt's files.
 
-    Layout: ``OUT/<table>/batch_id=N/`` for the rows of batch ``N``, and
-    ``OUT/_batches/N.json``, the commit marker. A batch's rows count once its
-    marker exists: :meth:`read_table` takes only those batches, and a replay
-    of an uncommitted batch first deletes what the failed attempt wrote. No
-    directory is renamed and no file overwritten, so ``OUT`` may be a local
-    path or any URI Spark writes (through ``spark``'s Hadoop file systems,
-    on a classic session). ``commit`` costs one new small file. A reader that
-    lists ``OUT/<table>`` itself should keep the ``batch_id`` values that have
-    a marker.
+    Layout, for each table ``outcomes``, ``unmatched``, ``rejected`` and ``late``::
+
+        OUT/<table>/batch_id=N/part-K-<attempt>.parquet   the published rows of batch N
+        OUT/<table>/_spark_metadata/N                     Spark's file sink log naming them
+        OUT/_batches/N.json                               the batch's marker, written last
+        OUT/_staging/N/<attempt>/<table>/                 an attempt's files, until published
+
+    :meth:`stage` writes an attempt's tables under its own staging directory,
+    out of every reader's sight (a name starting with ``_``), and returns
+    their files. The checkpoint's commit records them; :meth:`commit` then
+    publishes exactly those: each file moved to its published name, the
+    table's ``_spark_metadata`` entry (:mod:`.._file_sink_log`) and the
+    marker. Every Spark reader of ``OUT/<table>`` (``spark.read.parquet``, on
+    a classic or a Connect session) reads the files the log names and no
+    other, so a crashed or fenced attempt's files are never read; a reader
+    that lists the directory itself (pandas, pyarrow) should read
+    :meth:`committed_files` instead. Publishing again (a roll-forward after a
+    crash) finds the files moved and the entries written, and changes
+    nothing. No directory is renamed and no file overwritten, so ``OUT`` may
+    be a local path or any URI Spark writes (through ``spark``'s Hadoop file
+    systems, on a classic session).
     """
 
     name = "parquet"
@@ -42,15 +72,18 @@ class ParquetSink:
         except StorageError as exc:
             raise SinkError(f"the parquet sink: {exc}") from None
         self._markers = join(self.root, "_batches")
-        self._staged: dict[int, list[str]] = {}
 
     def describe(self) -> str:
         """Return ``parquet:<dir>``."""
         return f"parquet:{self.root}"
 
+    def location(self) -> dict[str, Any]:
+        """What the checkpoint records to find this sink again. O(1)."""
+        return {"name": self.name, "output": self.root}
+
     def __getstate__(self) -> dict[str, Any]:
         """Shipped to Spark Connect's foreachBatch process, which has only local paths."""
-        return {**self.__dict__, "_staged": {}}
+        return dict(self.__dict__)
 
     def _marker(self, batch_id: int) -> str:
         return join(self._markers, f"{batch_id}.json")
@@ -58,71 +91,129 @@ class ParquetSink:
     def _batch_dir(self, table: str, batch_id: int) -> str:
         return join(self.root, table, f"{BATCH_ID}={batch_id}")
 
+    def _staging(self, batch_id: int, tag: str | None = None) -> str:
+        batch = join(self.root, STAGING_DIR, str(batch_id))
+        return batch if tag is None else join(batch, tag)
+
     def stage(
         self,
         batch_id: int,
         tables: Mapping[str, DataFrame],
+        attempt: Attempt,
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
         small: bool = False,
-    ) -> None:
-        """Write each table in ``<table>/batch_id=N/``, deleting a crashed attempt's first.
+    ) -> dict[str, Any]:
+        """Write each table in ``_staging/N/<attempt>/<table>/``; return the files written.
 
-        A committed batch is left as it is (its rows are never written twice).
         The tables are written by concurrent Spark jobs (one thread each): a
         micro-batch's tables are small, so their fixed per-job costs dominate and
         overlap. With ``small``, each is collected and written by the driver
-        instead (:func:`~tickwheel.pipeline.spark.frames.write_parquet`), which skips Hadoop's
+        instead (:func:`~..spark.frames.write_parquet`), which skips Hadoop's
         commit protocol. ``on_table`` is called as each one finishes. A table
         in ``empty`` gets an empty Parquet file of its schema, written here
-        without a Spark job.
+        without a Spark job. O(tables) jobs.
         """
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
         from ..spark.frames import write_parquet
 
-        if self.is_committed(batch_id):
-            return
-        names = sorted(tables)
-        for name in names:  # what a failed attempt of this uncommitted batch left
-            self.storage.delete(self._batch_dir(name, batch_id))
+        staging = self._staging(batch_id, attempt.tag)
         for name in empty:  # no Spark job: an empty file of the table's schema
-            _write_empty_parquet(self.storage, self._batch_dir(name, batch_id),
-                                 tables[name].schema)  # fmt: skip
+            _write_empty_parquet(self.storage, join(staging, name), tables[name].schema)
             if on_table is not None:
                 on_table(name)
-        tables = {name: df for name, df in tables.items() if name not in empty}
+        written = {name: df for name, df in tables.items() if name not in empty}
 
         def write(table: str, df: DataFrame) -> str:
-            write_parquet(df, self._batch_dir(table, batch_id), in_driver=small,
-                          storage=self.storage)  # fmt: skip
+            write_parquet(df, join(staging, table), in_driver=small, storage=self.storage)
             return table
 
-        with ThreadPoolExecutor(max_workers=max(1, len(tables))) as pool:
-            futures = [pool.submit(write, table, df) for table, df in tables.items()]
+        with ThreadPoolExecutor(max_workers=max(1, len(written))) as pool:
+            futures = [pool.submit(write, table, df) for table, df in written.items()]
             for future in as_completed(futures):
                 table = future.result()
                 if on_table is not None:
                     on_table(table)
-        self._staged[batch_id] = names
+        files = {table: self._parquet_names(join(staging, table)) for table in sorted(tables)}
+        return {"attempt": attempt.tag, "tables": files}
 
-    def commit(self, batch_id: int) -> bool:
-        """Create the marker ``_batches/N.json`` of the tables :meth:`stage` wrote; False
-        when the batch was committed already."""
+    def _parquet_names(self, directory: str) -> list[str]:
+        return sorted(
+            n
+            for n in self.storage.list_names(directory)
+            if n.endswith(".parquet") and not n.startswith((".", "_"))
+        )
+
+    def commit(self, batch_id: int, staged: Mapping[str, Any] | None) -> bool:
+        """Publish the files a commit named (``staged``, from :meth:`stage`): each moved to
+        ``<table>/batch_id=N/``, logged in the table's ``_spark_metadata``, then the
+        marker. False when the batch was published already. O(files) calls."""
         if self.is_committed(batch_id):
             return False
-        tables = self._staged.pop(batch_id, None)
-        if tables is None:
+        if staged is None:
             raise SinkError(f"batch {batch_id} was not staged in {self.root}")
-        try:
-            marker = {"batch_id": batch_id, "tables": tables, "committed_at": time.time()}
-            create_json(self.storage, self._marker(batch_id), marker)
-        except FileExistsError:
-            return False
+        tag = str(staged["attempt"])
+        tables: Mapping[str, Sequence[str]] = staged["tables"]
+        for table, names in sorted(tables.items()):
+            self._publish_table(batch_id, table, tag, names)
+        with contextlib.suppress(FileExistsError):  # published meanwhile by another
+            create_json(self.storage, self._marker(batch_id), {
+                "batch_id": batch_id, "tables": sorted(tables), "attempt": tag,
+                "committed_at": time.time(),
+            })  # fmt: skip
         return True
 
+    def clean(self, batch_id: int) -> None:
+        """Drop the staging of ``batch_id`` and older batches: after the publication of
+        ``batch_id`` what is left there is no commit's (crashed or fenced attempts,
+        and the published attempt's leftovers). The owner's to call. O(batches)."""
+        staging = join(self.root, STAGING_DIR)
+        for name in self.storage.list_names(staging):
+            if name.isdigit() and int(name) <= batch_id:
+                self.storage.delete(join(staging, name))
+
+    def _publish_table(self, batch_id: int, table: str, tag: str, names: Sequence[str]) -> None:
+        """Move ``table``'s staged files to their published names and log them."""
+        target_dir = self._batch_dir(table, batch_id)
+        targets = [join(target_dir, f"part-{k:05d}-{tag}.parquet") for k in range(len(names))]
+        for name, target in zip(names, targets, strict=True):
+            try:
+                self.storage.rename(join(self._staging(batch_id, tag), table, name), target)
+            except FileExistsError:
+                pass  # moved by an earlier publication of the same commit
+            except FileNotFoundError:
+                if not self.storage.exists(target):
+                    raise SinkError(
+                        f"{self.root}: batch {batch_id}'s committed file {table}/{name} of "
+                        f"attempt {tag} is missing from its staging directory"
+                    ) from None
+        found = {path.rstrip("/").rsplit("/", 1)[-1]: (size, mtime)
+                 for path, size, mtime in self.storage.list_files(target_dir)}  # fmt: skip
+        entries = []
+        for target in targets:
+            size, mtime = found[target.rsplit("/", 1)[-1]]
+            entries.append(SinkFile(self.storage.uri(target), size, mtime))
+        log = FileSinkLog(self.storage, join(self.root, table))
+        earlier = [] if log.exists() else self._unlogged_files(table, batch_id)
+        try:
+            log.add(batch_id, entries, earlier)
+        except ValueError as exc:
+            raise SinkError(str(exc)) from None
+
+    def _unlogged_files(self, table: str, before: int) -> list[SinkFile]:
+        """The files of the batches an older release committed (marker, no log) before
+        ``before``: the new log's first entry, so readers keep them. O(files)."""
+        files = []
+        for batch_id in self.committed_batches():
+            if batch_id < before:
+                for path, size, mtime in self.storage.list_files(self._batch_dir(table, batch_id)):
+                    if path.endswith(".parquet") and "/." not in path and "/_" not in path:
+                        files.append(SinkFile(self.storage.uri(path), size, mtime))
+        return files
+
     def is_committed(self, batch_id: int) -> bool:
-        """True when the batch's marker exists. O(1)."""
+        """True when the batch's marker exists (it is written last). O(1)."""
         return self.storage.exists(self._marker(batch_id))
 
     def committed_batches(self) -> list[int]:
@@ -133,11 +224,24 @@ class ParquetSink:
                 ids.append(int(name[:-5]))
         return sorted(ids)
 
+    def committed_files(self, table: str) -> list[str]:
+        """``table``'s committed files, as Spark's readers take them from its
+        ``_spark_metadata`` log (their paths for a local output, else their URIs):
+        what pandas or pyarrow should read, since they read every file of a
+        directory. O(files)."""
+        uris = FileSinkLog(self.storage, join(self.root, table)).files()
+        return uris if is_uri(self.root) else [local_path(uri) for uri in uris]
+
     def read_table(self, spark: SparkSession, table: str) -> DataFrame | None:
-        """Read the committed rows of ``table``, ``batch_id`` as a column."""
+        """Read the committed rows of ``table``, ``batch_id`` as a column: Spark's reader,
+        which honours the table's ``_spark_metadata`` (an output of an older release,
+        without one, is filtered by the markers). None when the table has no batch."""
         from pyspark.sql import functions as F
 
         path = join(self.root, table)
+        if FileSinkLog(self.storage, path).exists():
+            df = spark.read.parquet(path)
+            return df.withColumn(BATCH_ID, F.col(BATCH_ID).cast("long"))
         if not any(n.startswith(f"{BATCH_ID}=") for n in self.storage.list_names(path)):
             return None
         committed = self.committed_batches()

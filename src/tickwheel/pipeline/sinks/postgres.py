@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .base import BATCH_ID, SinkError
+from .base import SinkError
 from .credentials import (
     _PG_PREFIX,
     _SECRET_PARAM,
@@ -335,41 +334,7 @@ class PostgresSink(_JdbcSink):
     def _write_parallelism(self) -> int | None:
         return None
 
-    def commit(self, batch_id: int) -> bool:
-        """One transaction: rows + ``tickwheel_batches`` row; a replayed batch is a no-op."""
-        self._ensure_base()
-        # Serialise concurrent committers of the same sink, then re-check inside.
-        lock = f"LOCK TABLE {_quote(self._table(_BATCHES_TABLE))} IN SHARE ROW EXCLUSIVE MODE"
-        tables = self._known_tables()
-        if self.is_committed(batch_id):
-            self._drop_staged(batch_id, tables)  # a replay's staged rows: not a second copy
-            return False
-        statements = [lock]
-        guard = (
-            f"NOT EXISTS (SELECT 1 FROM {_quote(self._table(_BATCHES_TABLE))} "
-            f"WHERE batch_id = {int(batch_id)})"
-        )
-        for table in tables:
-            cols = ", ".join(_quote(f.name) for f in self._schemas[table].fields)
-            cols += f", {_quote(BATCH_ID)}"
-            statements.append(
-                f"INSERT INTO {_quote(self._table(table))} ({cols}) SELECT {cols} FROM "
-                f"{_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)} "
-                f"AND {guard}"
-            )
-        count_exprs = ", ".join(
-            f"'{t}', (SELECT COUNT(*) FROM {_quote(self._stage_table(t))} "
-            f"WHERE {BATCH_ID} = {int(batch_id)})"
-            for t in tables
-        )
-        statements.append(
-            f"INSERT INTO {_quote(self._table(_BATCHES_TABLE))} "
-            f"(batch_id, committed_at, row_counts) SELECT {int(batch_id)}, {time.time()!r}, "
-            f"json_build_object({count_exprs})::text WHERE {guard}"
-        )
-        for table in tables:
-            statements.append(
-                f"DELETE FROM {_quote(self._stage_table(table))} WHERE {BATCH_ID} = {int(batch_id)}"
-            )
-        self._execute(statements, transaction=True)
-        return True
+    def _commit_preamble(self) -> list[str]:
+        """Serialise concurrent committers of the same sink: the guarded inserts then
+        see each other's rows."""
+        return [f"LOCK TABLE {_quote(self._table(_BATCHES_TABLE))} IN SHARE ROW EXCLUSIVE MODE"]

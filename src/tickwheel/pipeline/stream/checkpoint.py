@@ -45,6 +45,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import os
+import re
 import signal
 import socket
 import sys
@@ -116,6 +117,25 @@ class CheckpointFenced(StreamError):
             f"{host or 'unknown'}; this job (token {ours}) stops without writing again"
         )
         self.token, self.host = token, host
+
+    @classmethod
+    def found_in(cls, exc: BaseException) -> CheckpointFenced | None:
+        """The fencing error inside ``exc`` (Spark's ``StreamingQueryException`` carries
+        the text of foreachBatch's error, from whichever process ran it), or None.
+        O(len(message))."""
+        if isinstance(exc, cls):
+            return exc
+        found = _FENCED.search(str(exc))
+        if found is None:
+            return None
+        ours = None if found["ours"] == "None" else int(found["ours"])
+        return cls(found["checkpoint"], ours, int(found["token"]), found["host"])
+
+
+_FENCED = re.compile(
+    r"checkpoint (?P<checkpoint>\S+) was taken over by token (?P<token>\d+) on host "
+    r"(?P<host>\S+); this job \(token (?P<ours>\w+)\)"
+)
 
 
 def fault(point: str, batch_id: int) -> None:

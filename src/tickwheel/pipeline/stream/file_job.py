@@ -24,7 +24,7 @@ from ..spark.records import DEFAULT_MAX_FUTURE_MS
 from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
 from ..spark.workers import WorkersError
 from ..storage import Storage, StorageError, absolute, is_uri, join, local_path, storage_for
-from .checkpoint import CheckpointOwner, StateStore, StreamError
+from .checkpoint import CheckpointFenced, CheckpointOwner, StateStore, StreamError
 from .evolution import StateAdjustment
 from .micro_batch import MicroBatch, MicroBatchInput
 from .runner import (
@@ -479,6 +479,11 @@ class StreamJob:
         try:
             companion = _start_companion(spark, query, spool)
             query.awaitTermination()
+        except Exception as exc:  # a fenced job says so in one message, not a trace
+            fenced = CheckpointFenced.found_in(exc)
+            if fenced is None:
+                raise
+            raise fenced from None
         finally:
             if query.isActive:
                 query.stop()

@@ -31,7 +31,7 @@ from .checkpoint import (
     fault,
 )
 from .evolution import StateAdjustment, check_rules_change
-from .micro_batch import GAUGES
+from .micro_batch import GAUGES, publish_outputs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -119,7 +119,11 @@ class BatchRunner:
         """Run micro-batch ``batch_id`` unless it is committed already (a replay)."""
         started = time.perf_counter()
         if self.store.is_committed(batch_id):
-            _log(self.quiet, f"batch {batch_id}: already committed; skipped (replay)")
+            # Committed before a crash that came before Spark's own commit log: its
+            # outputs may still wait for their publication, which this rolls forward.
+            rolled = publish_outputs(self.store, self.sink, batch_id)
+            done = "its outputs published now" if rolled else "skipped"
+            _log(self.quiet, f"batch {batch_id}: already committed; {done} (replay)")
             return
         later = [b for b in self.store.committed() if b > batch_id]
         if later:
@@ -209,7 +213,14 @@ def _checkpoint_root(
         raise StreamError(f"--checkpoint {exc}") from None
     owner = CheckpointOwner(root, storage)
     owner.acquire()
-    return root, StateStore(root, storage, owner), owner
+    store = StateStore(root, storage, owner)
+    try:
+        store.check_format()  # before this release writes its own fence there
+        store.fence()
+    except BaseException:
+        owner.release()
+        raise
+    return root, store, owner
 
 
 def _before_first_batch(

@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..rules import Rules, load_rules
+from ..sinks.base import BATCH_ID
 from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
 from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
 from ..storage import absolute, join, storage_for
@@ -273,29 +274,46 @@ def _release_when_done(
 
 
 def read_stream_outputs(
-    spark: SparkSession, sink: BatchSink, checkpoint: str
+    spark: SparkSession,
+    sink: BatchSink | str | None = None,
+    checkpoint: str | None = None,
 ) -> dict[str, DataFrame | None]:
-    """The job's outputs so far: every committed batch's rows plus the current state.
+    """A stream's outputs so far: what its last published batch and that batch's own
+    state make, as one batch run over the same records would write.
 
-    ``outcomes`` holds the final outcomes of all committed batches and one
-    ``pending`` row for each operation still pending in the latest committed
-    state (what a single batch run over the same data writes); ``unmatched``,
-    ``rejected`` and ``late`` are the union of the batches; ``buffered`` lists
-    the events above the watermark, not applied yet. ``batch_id`` is kept on
-    the batch tables. O(output size).
+    ``checkpoint`` is the stream's checkpoint. ``sink`` is the stream's sink:
+    a :class:`~tickwheel.pipeline.sinks.BatchSink`, a Parquet sink's output
+    directory, or None for the sink the checkpoint's commits record (a
+    checkpoint of an older release records none: then give it). ``outcomes``
+    holds the final outcomes of every batch up to the newest one both
+    committed in the checkpoint and published in the sink, and one
+    ``pending`` row for each operation still pending in that batch's state;
+    ``unmatched``, ``rejected`` and ``late`` are the union of those batches;
+    ``buffered`` lists the events above that batch's watermark, not applied
+    yet. So a batch's outcomes never appear beside an older state's pending
+    rows (a crash between a commit and its publication leaves the batch
+    unread until a restart publishes it). ``batch_id`` is kept on the batch
+    tables. O(output size).
     """
     from pyspark.sql import functions as F
 
+    if checkpoint is None:
+        raise ValueError("read_stream_outputs needs checkpoint=, the stream's checkpoint")
     root = join(absolute(checkpoint), "tickwheel")
     store = StateStore(root, storage_for(root, spark))
-    out: dict[str, DataFrame | None] = {t: sink.read_table(spark, t) for t in TABLES}
     committed = store.committed()
-    if not committed:
-        out["buffered"] = None
+    batch_sink = _sink_of(spark, store, committed, sink)
+    published = [b for b in committed if batch_sink is None or _published(batch_sink, b)]
+    out: dict[str, DataFrame | None] = dict.fromkeys((*TABLES, "buffered"))
+    if not published:
         return out
-    last = store.path(committed[-1])
-    meta: Mapping[str, Any] = store.meta(committed[-1])
-    ops = spark.read.parquet(join(last, "ops"))
+    last = published[-1]
+    for table in TABLES:
+        frame = batch_sink.read_table(spark, table) if batch_sink is not None else None
+        out[table] = None if frame is None else frame.where(F.col(BATCH_ID) <= last)
+    meta = store.meta(last)
+    state = store.state_path(last, meta)
+    ops = spark.read.parquet(join(state, "ops"))
     pending = ops.where(F.col("kind") == "pending").select(
         "rule",
         "key",
@@ -306,11 +324,38 @@ def read_stream_outputs(
         F.lit(None).cast("long").alias("resolved_at"),
         F.lit(None).cast("long").alias("latency_ms"),
         F.lit(None).cast("string").alias("resolve_event_id"),
-        F.lit(None).cast("long").alias("batch_id"),
+        F.lit(None).cast("long").alias(BATCH_ID),
     )
     final = out["outcomes"]
     out["outcomes"] = pending if final is None else final.unionByName(pending)
-    events = spark.read.parquet(join(last, "events"))
+    events = spark.read.parquet(join(state, "events"))
     watermark = meta.get("watermark")
     out["buffered"] = events if watermark is None else events.where(F.col("time") > watermark)
     return out
+
+
+def _published(sink: BatchSink, batch_id: int) -> bool:
+    """Whether ``sink`` shows ``batch_id`` (a function's sink shows every batch). O(1)."""
+    from ..sinks import FunctionSink
+
+    return isinstance(sink, FunctionSink) or sink.is_committed(batch_id)
+
+
+def _sink_of(
+    spark: SparkSession, store: StateStore, committed: list[int], sink: BatchSink | str | None
+) -> BatchSink | None:
+    """``sink`` as a sink: a Parquet directory opened, None taken from the checkpoint's
+    newest commit (None again for a function's sink, whose rows are its own)."""
+    from ..sinks import ParquetSink, SinkError, reopen_sink
+
+    if isinstance(sink, str):
+        return ParquetSink(sink, spark)
+    if sink is not None:
+        return sink
+    recorded = store.meta(committed[-1]).get("sink") if committed else None
+    if not recorded:
+        raise SinkError(
+            f"checkpoint {store.root}: its commits do not say where the outputs are (no "
+            "batch, or written by an older release); pass the sink or the output directory"
+        )
+    return reopen_sink(recorded, spark)

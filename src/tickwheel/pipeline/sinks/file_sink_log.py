@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .storage import Storage, join
+from ..storage import Storage, join
 
 __all__ = ["BATCHES_KEPT", "COMPACT_INTERVAL", "METADATA_DIR", "FileSinkLog", "SinkFile"]
 
