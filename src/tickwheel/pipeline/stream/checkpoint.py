@@ -70,7 +70,8 @@ FAULT_POINTS = (
 
 #: The version of the state's format that this release writes. It reads every
 #: earlier one: 1, the layout without ``commits/`` (``state/N/meta.json``); 2, the
-#: commit files, which record the rules, the input format and the release.
+#: commit files, which record the rules, the input format and the release. Each has a
+#: checkpoint its last writer left in ``tests/pipeline/fixtures/checkpoint-format-N/``.
 STATE_FORMAT = 2
 
 
