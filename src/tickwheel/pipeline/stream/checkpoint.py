@@ -19,6 +19,12 @@ exists: ``state/N/`` without it is what a failed attempt left, which readers
 ignore and the next attempt deletes before it writes again. Each commit first
 checks that its job's token is still the newest (:meth:`CheckpointOwner.check`),
 so a job that lost the checkpoint to another never commits over it.
+
+A query of ``start_stream`` releases its checkpoint when it ends: on a classic
+session a ``StreamingQueryListener`` says so; under Spark Connect a daemon
+thread polls ``query.isActive`` every :data:`QUERY_POLL_S` (:func:`when_inactive`),
+since a Connect listener keeps a server stream open that a script stopping its
+session right after the query ended would break, with pyspark's warnings at exit.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ __all__ = [
     "StateStore",
     "StreamError",
     "fault",
+    "when_inactive",
 ]
 
 FAULT_ENV = "TICKWHEEL_FAULT"
@@ -57,6 +64,9 @@ FAULT_LOG_ENV = "TICKWHEEL_FAULT_LOG"
 HEARTBEAT_ENV = "TICKWHEEL_OWNER_HEARTBEAT_S"
 #: Heartbeats an owner on another host may miss before it counts as gone.
 MISSED_BEATS = 3
+#: Seconds between two looks at whether a Spark Connect query is still active
+#: (:func:`when_inactive`): its checkpoint is released at most this long after it ends.
+QUERY_POLL_S = 1.0
 #: Where ``TICKWHEEL_FAULT=POINT:BATCH`` can kill the driver, in batch order.
 FAULT_POINTS = (
     "batch_start",  # before anything of the batch is written
@@ -285,6 +295,44 @@ class CheckpointOwner:
             del CheckpointOwner._held[self.root]
         self.token = None
         self._unlock_local()
+
+
+def when_inactive(
+    is_active: Callable[[], bool],
+    then: Callable[[bool], None],
+    *,
+    interval_s: float = QUERY_POLL_S,
+) -> threading.Event:
+    """Call ``then`` once, from a daemon thread, when ``is_active()`` says False (``then(False)``)
+    or raises (``then(True)``: the session is gone); ``is_active`` is asked every
+    ``interval_s``. The event returned stops the watch; the interpreter's exit sets it.
+
+    Under Spark Connect this takes the place of a ``StreamingQueryListener``: pyspark's
+    client keeps a listener's events on a thread that reads a server stream, and a
+    session stopped while that stream is open (a script that stops its session right
+    after its query ended, before the listener removed itself) ends that thread with
+    the warning ``StreamingQueryListenerBus Handler thread received exception`` (the
+    channel closed, or "cannot schedule new futures after shutdown"). A poll holds no
+    stream open: a stopped session only makes the next look raise. O(1) a look.
+    """
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                active = bool(is_active())
+            except Exception:  # the session was stopped: its queries with it
+                if not stop.is_set():
+                    then(True)
+                return
+            if not active:
+                then(False)
+                return
+            stop.wait(interval_s)
+
+    atexit.register(stop.set)  # no look while the interpreter shuts down
+    threading.Thread(target=watch, name="tickwheel-query-watch", daemon=True).start()
+    return stop
 
 
 def _checkpoint_of(root: str) -> str:
