@@ -109,8 +109,31 @@ def build_parser() -> argparse.ArgumentParser:
 SPARK_EXTRA_MODULES = frozenset({"pyspark", "py4j", "pyarrow", "pandas", "matplotlib"})
 
 
+#: The exit status of a command whose reader went away (128 + SIGPIPE, as a shell says).
+BROKEN_PIPE_EXIT = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``tickwheel`` command."""
+    """Entry point of the ``tickwheel`` command.
+
+    A reader that stops early (``tickwheel pipeline status | head -1``) ends the
+    command quietly with :data:`BROKEN_PIPE_EXIT`, as Python's documentation of
+    ``SIGPIPE`` advises: the rest of the output goes to ``os.devnull``, so the
+    interpreter's last flush at exit has nothing to complain about.
+    """
+    try:
+        result = _run(argv)
+        sys.stdout.flush()  # a pipe closed early shows here at the latest
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return BROKEN_PIPE_EXIT
+    return result
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run its command. O(the command)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -6,6 +6,10 @@ writes one). The test copies it, adds the third input file, and runs the
 stream with this release: one more batch, and the outputs of all three equal
 the reference's. A release that changes the format keeps the fixtures of the
 formats before it, so this test shows that it reads them.
+
+Format 1 (``state/N/meta.json``, before ``commits/``) was written by the
+release at commit 39f6a8c, the last before the commit files (see
+``fixtures/checkpoint-format-1/README``).
 """
 
 from __future__ import annotations
@@ -39,10 +43,19 @@ def _moved(copy: Path) -> None:
     origin = (copy / "origin.txt").read_text(encoding="utf-8").strip()
     here = str(copy / "in")
     root = copy / "ck" / "tickwheel"
-    for path in [root / "files.log", *(root / "plans").glob("*.json")]:
+    logged = [root / "files.log", *(root / "plans").glob("*.json")]
+    for path in [*logged, *(root / "state").glob("*/meta.json")]:  # format 1's metas too
         text = path.read_text(encoding="utf-8").replace(json.dumps(origin)[1:-1], here)
         path.unlink()
         path.write_text(text, encoding="utf-8")
+
+
+def _last_commit(root: Path) -> Path:
+    """The last commit's file: ``commits/N.json``, or in format 1 ``state/N/meta.json``."""
+    commits = sorted((root / "commits").glob("*.json"), key=lambda p: int(p.stem))
+    if commits:
+        return commits[-1]
+    return sorted((root / "state").glob("*/meta.json"), key=lambda p: int(p.parent.name))[-1]
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.name for f in FIXTURES])
@@ -52,8 +65,7 @@ def test_this_release_goes_on_from_a_kept_checkpoint(
     copy = tmp_path / fixture.name
     shutil.copytree(fixture, copy)
     _moved(copy)
-    commits = sorted((copy / "ck" / "tickwheel" / "commits").glob("*.json"))
-    written = json.loads(commits[-1].read_text(encoding="utf-8"))
+    written = json.loads(_last_commit(copy / "ck" / "tickwheel").read_text(encoding="utf-8"))
     assert written.get("format", 1) == int(fixture.name.rsplit("-", 1)[1])
     shutil.copy(copy / "in-2.jsonl", copy / "in" / "2.jsonl")
     config = StreamConfig(

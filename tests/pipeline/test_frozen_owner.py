@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from stream_support import compare_with_reference, fresh, subprocess_env, write_rules
+from tickwheel.pipeline.stream.job import read_stream_outputs
 
 from support import kafka_like
 from support.reference import iter_input_lines, run_reference
@@ -34,7 +35,6 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.checkpoint import HEARTBEAT_ENV
-from tickwheel.pipeline.stream.job import read_stream_outputs
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

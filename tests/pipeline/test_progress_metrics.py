@@ -8,6 +8,10 @@ same batch id, the checkpoint, and the plain-Python reference.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,6 +36,7 @@ from tickwheel.pipeline.stream.progress import (
     SPOOLED,
     ProgressReader,
     ProgressSpool,
+    SpoolOwnerGone,
 )
 from tickwheel.pipeline.stream.runner import BatchRunner
 from tickwheel.pipeline.stream.start import read_stream_outputs
@@ -64,6 +69,77 @@ def test_the_spool_gives_what_waits_in_batch_order() -> None:
     reader.stop()
     assert spool.batch_ids() == []
     assert not Path(spool.path).exists()
+
+
+def _spool_in_a_process(tmp: Path, token: str, *, killed: bool) -> subprocess.Popen[bytes]:
+    """A process that writes batch 0's figures to spool ``token`` in ``tmp``; then it dies by
+    SIGKILL (``killed``, and is waited for) or sleeps until the caller ends it."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from tickwheel.pipeline.stream.progress import ProgressSpool\n"
+        f"ProgressSpool({token!r}).write(0, {{'events': 4}})\n"
+        "print('written', flush=True)\n"
+        f"os.kill(os.getpid(), signal.SIGKILL) if {killed} else time.sleep(120)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    with proc.stdout:
+        assert proc.stdout.readline() == b"written\n"
+    if killed:
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    return proc
+
+
+def test_a_new_spool_removes_the_stale_ones_of_dead_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spool whose owner was killed is removed when the next spool is made; those of
+    live owners (another process, this one) and one naming no owner are kept."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = tmp_path / "tickwheel-progress"
+    live = _spool_in_a_process(tmp_path, "live", killed=False)
+    try:
+        _spool_in_a_process(tmp_path, "dead", killed=True)  # made after: the live one stays
+        (root / "ownerless").mkdir()
+        assert sorted(p.name for p in root.iterdir()) == ["dead", "live", "ownerless"]
+        assert ProgressSpool("dead").owner_gone() and not ProgressSpool("live").owner_gone()
+        ProgressSpool("mine").write(0, {"events": 1})
+        assert sorted(p.name for p in root.iterdir()) == ["live", "mine", "ownerless"]
+        assert ProgressSpool("live").batch_ids() == [0]
+        assert ProgressSpool("mine").owner() == {"pid": os.getpid(), "host": os.uname().nodename}
+    finally:
+        live.kill()
+        live.wait(timeout=60)
+    ProgressSpool("next").write(0, {"events": 2})  # now the other owner is gone too
+    assert sorted(p.name for p in root.iterdir()) == ["mine", "next", "ownerless"]
+
+
+def test_a_companions_reader_stops_once_its_spools_owner_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader first gives what the dead owner left; then, with nothing waiting and the
+    owner gone for the grace, it raises (the companion stops); a live owner's does not."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _spool_in_a_process(tmp_path, "orphan", killed=True)
+    reader = ProgressReader({"spool": "orphan", "orphan_grace_s": "0"})
+    rows, end = reader.read(reader.initialOffset())
+    assert ([r[0] for r in rows], end) == ([0], {"batch": 0})
+    reader.commit(end)
+    with pytest.raises(SpoolOwnerGone, match="is gone without a clean stop"):
+        reader.read(end)
+    reader.stop()
+    assert not (tmp_path / "tickwheel-progress" / "orphan").exists()
+
+    _spool_in_a_process(tmp_path, "waits", killed=True)  # the default grace: not at once
+    patient = ProgressReader({"spool": "waits"})
+    patient.commit({"batch": 0})
+    assert patient.read({"batch": 0})[1] == {"batch": 0}
+
+    ProgressSpool("alive").write(0, {"events": 1})  # this process owns it
+    keeps = ProgressReader({"spool": "alive", "orphan_grace_s": "0"})
+    keeps.commit({"batch": 0})
+    assert keeps.read({"batch": 0})[1] == {"batch": 0}
 
 
 def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None:

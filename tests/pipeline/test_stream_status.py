@@ -197,6 +197,28 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_status_into_a_pipe_closed_early_ends_quietly() -> None:
+    """``tickwheel pipeline status | head``: a reader gone before the output ends the
+    command with 141 (128 + SIGPIPE) and no traceback. The pipe is closed before the
+    command writes, so its first write fails every time."""
+    fixture = Path(__file__).parent / "fixtures" / "checkpoint-format-2" / "ck"
+    args = [sys.executable, "-m", "tickwheel", "pipeline", "status", "--checkpoint", str(fixture)]
+    proc = subprocess.Popen(args, env=subprocess_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=CLI_TIMEOUT_S)
+    assert proc.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+    # The same through a shell's pipe: head takes the first line, nothing else is said.
+    shell = subprocess.run(
+        ["sh", "-c", '"$@" | head -1', "sh", *args], env=subprocess_env(),
+        capture_output=True, timeout=CLI_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert shell.stdout.decode().startswith("checkpoint "), shell.stdout
+    assert shell.stderr == b"", shell.stderr.decode()
+
+
 @pytest.mark.spark
 def test_status_of_a_live_checkpoint(finished: dict[str, Any]) -> None:
     """A job holding the checkpoint shows as its owner, here and from another process;

@@ -36,6 +36,12 @@ if ``T`` dies first). A predecessor that wakes finds its slot taken and stops
 commit in order. So every batch before the fence is its predecessors' (their
 commits stand, and any owner publishes their outputs alike), and every batch
 from the fence on is the new owner's alone.
+
+A query of ``start_stream`` releases its checkpoint when it ends: on a classic
+session a ``StreamingQueryListener`` says so; under Spark Connect a daemon
+thread polls ``query.isActive`` every :data:`QUERY_POLL_S` (:func:`when_inactive`),
+since a Connect listener keeps a server stream open that a script stopping its
+session right after the query ended would break, with pyspark's warnings at exit.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ __all__ = [
     "StreamError",
     "fault",
     "owner_holding",
+    "when_inactive",
 ]
 
 FAULT_ENV = "TICKWHEEL_FAULT"
@@ -80,6 +87,9 @@ FAULT_LOG_ENV = "TICKWHEEL_FAULT_LOG"
 HEARTBEAT_ENV = "TICKWHEEL_OWNER_HEARTBEAT_S"
 #: Heartbeats an owner on another host may miss before it counts as gone.
 MISSED_BEATS = 3
+#: Seconds between two looks at whether a Spark Connect query is still active
+#: (:func:`when_inactive`): its checkpoint is released at most this long after it ends.
+QUERY_POLL_S = 1.0
 #: Where ``TICKWHEEL_FAULT=POINT:BATCH`` can kill the driver, in batch order.
 FAULT_POINTS = (
     "batch_start",  # the batch found not committed; nothing of it written
@@ -96,6 +106,8 @@ FAULT_POINTS = (
 #: commit files, which record the rules, the input format and the release; 3, a
 #: directory per attempt (``state/N/A/``), commits that name it and the sink's
 #: staged outputs, and the fenced commit slots (``commits/N.T.json``).
+#: Each has a checkpoint its last writer left in
+#: ``tests/pipeline/fixtures/checkpoint-format-N/``.
 STATE_FORMAT = 3
 
 
@@ -458,6 +470,44 @@ def _beats_on(storage: Storage, owners: str, token: int, beat_s: float) -> tuple
         if {n for n in names if n.startswith(f"{token}.alive")} != beats:
             return True, "a new heartbeat"
     return False, f"no heartbeat in {MISSED_BEATS} beats of {beat_s:g}s"
+
+
+def when_inactive(
+    is_active: Callable[[], bool],
+    then: Callable[[bool], None],
+    *,
+    interval_s: float = QUERY_POLL_S,
+) -> threading.Event:
+    """Call ``then`` once, from a daemon thread, when ``is_active()`` says False (``then(False)``)
+    or raises (``then(True)``: the session is gone); ``is_active`` is asked every
+    ``interval_s``. The event returned stops the watch; the interpreter's exit sets it.
+
+    Under Spark Connect this takes the place of a ``StreamingQueryListener``: pyspark's
+    client keeps a listener's events on a thread that reads a server stream, and a
+    session stopped while that stream is open (a script that stops its session right
+    after its query ended, before the listener removed itself) ends that thread with
+    the warning ``StreamingQueryListenerBus Handler thread received exception`` (the
+    channel closed, or "cannot schedule new futures after shutdown"). A poll holds no
+    stream open: a stopped session only makes the next look raise. O(1) a look.
+    """
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                active = bool(is_active())
+            except Exception:  # the session was stopped: its queries with it
+                if not stop.is_set():
+                    then(True)
+                return
+            if not active:
+                then(False)
+                return
+            stop.wait(interval_s)
+
+    atexit.register(stop.set)  # no look while the interpreter shuts down
+    threading.Thread(target=watch, name="tickwheel-query-watch", daemon=True).start()
+    return stop
 
 
 def _checkpoint_of(root: str) -> str:

@@ -27,6 +27,29 @@ micro-batch of its own a trigger at most), and stops once it has read what
 the user's query left when that one ends. The spool is not state: a figure
 the companion has not read when the job dies is gone (the micro-batch's
 ``commits/N.json`` keeps its counts).
+
+What a job killed without a clean stop leaves (SIGKILL: no listener fires):
+
+* its spool directory. Each spool records its owner, the process that made
+  it (the one that runs ``foreachBatch``), in ``owner.json`` (pid and host),
+  and a new spool's creation first removes every spool whose owner was on
+  this host and is gone (:func:`remove_stale_spools`); a live owner's spool,
+  and one without an owner file (an older release's), are kept.
+* under Spark Connect, its companion: the client that would have stopped it
+  is gone, but both queries run on in the server. So the companion's reader
+  stops the companion itself, by raising :class:`SpoolOwnerGone` (the query
+  fails with that message, and its source's ``stop`` removes the spool),
+  when nothing waits in the spool and the spool's owner has been gone for
+  :data:`ORPHAN_GRACE_S`. The owner's life is the user's query's, on both
+  kinds of session, without a Spark call from the reader (whose Python
+  worker has no session): on a classic session the owner is the driver's
+  Python process, whose death ends the JVM and both queries; under Spark
+  Connect it is the ``foreachBatch`` worker beside the server, which the
+  server ends when the user's query terminates, however it ends. The grace
+  leaves the clean stop (:func:`~.job._drain_and_stop`, which reads what is
+  left and stops the companion) to the client when there is one. Not
+  covered: a user query that ended before its first micro-batch made the
+  spool leaves no owner to watch.
 """
 
 from __future__ import annotations
@@ -34,12 +57,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
+from .checkpoint import pid_alive
 from .micro_batch import GAUGES
 
 if TYPE_CHECKING:
@@ -55,6 +82,8 @@ __all__ = [
     "SPOOLED",
     "ProgressSource",
     "ProgressSpool",
+    "SpoolOwnerGone",
+    "remove_stale_spools",
     "start_progress_query",
 ]
 
@@ -93,6 +122,58 @@ TRIGGER_INTERVAL = "1 second"
 #: At most this many micro-batches' figures in one report (one read of the spool).
 MAX_PER_READ = 1000
 
+#: Seconds the companion goes on after its spool's owner is gone with nothing left
+#: to read, before it stops itself (:class:`SpoolOwnerGone`); the reader's option
+#: ``orphan_grace_s`` overrides it.
+ORPHAN_GRACE_S = 30.0
+
+#: The file in each spool that names its owner: ``{"pid": ..., "host": ...}``.
+OWNER_FILE = "owner.json"
+
+
+class SpoolOwnerGone(RuntimeError):
+    """The process that filled a spool is gone without a clean stop: its companion stops."""
+
+
+def _spools_root() -> str:
+    return os.path.join(tempfile.gettempdir(), "tickwheel-progress")
+
+
+def _read_owner(directory: str) -> dict[str, Any] | None:
+    """The owner a spool directory records, or None (none, or unreadable). O(1)."""
+    try:
+        with open(os.path.join(directory, OWNER_FILE), encoding="utf-8") as fh:
+            owner = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def _owner_gone(owner: Mapping[str, Any] | None) -> bool:
+    """Whether ``owner`` was a process on this host that no longer exists. O(1)."""
+    if owner is None or owner.get("host") != socket.gethostname():
+        return False
+    pid = owner.get("pid")
+    return isinstance(pid, int) and not pid_alive(pid)
+
+
+def remove_stale_spools(root: str | None = None) -> list[str]:
+    """Delete the spools in ``root`` (default: this process's) whose owner was on this
+    host and is gone; return their names. A spool whose owner lives, or that names no
+    owner, is kept. O(spools)."""
+    root = root or _spools_root()
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:  # hidden ones too: a creation that was killed halfway
+        directory = os.path.join(root, name)
+        if os.path.isdir(directory) and _owner_gone(_read_owner(directory)):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(name)
+    return removed
+
 
 class ProgressSpool:
     """The directory where micro-batches leave their figures, one file each.
@@ -101,7 +182,9 @@ class ProgressSpool:
     that uses it: the runner and the source's reader both run on the host of
     Spark's driver (under Spark Connect, the server's), where the client may
     not have the same temporary directory. A file appears whole (written
-    under a hidden name, then renamed) and is named by its batch id.
+    under a hidden name, then renamed) and is named by its batch id. The
+    directory appears with its :data:`OWNER_FILE` (made hidden, then
+    renamed), after the stale spools are removed (:func:`remove_stale_spools`).
     """
 
     def __init__(self, token: str) -> None:
@@ -111,13 +194,41 @@ class ProgressSpool:
     @property
     def path(self) -> str:
         """The directory, in this process's temporary directory. O(1)."""
-        return os.path.join(tempfile.gettempdir(), "tickwheel-progress", self.token)
+        return os.path.join(_spools_root(), self.token)
+
+    def _create(self) -> None:
+        """Make the directory, owned by this process, after removing stale spools.
+        O(spools)."""
+        root = _spools_root()
+        os.makedirs(root, exist_ok=True)
+        remove_stale_spools(root)
+        hidden = tempfile.mkdtemp(prefix=f".{self.token}.", dir=root)
+        try:
+            with open(os.path.join(hidden, OWNER_FILE), "w", encoding="utf-8") as fh:
+                json.dump({"pid": os.getpid(), "host": socket.gethostname()}, fh)
+            try:
+                os.rename(hidden, self.path)
+            except OSError:
+                if not os.path.isdir(self.path):
+                    raise
+        finally:
+            if os.path.isdir(hidden):  # made meanwhile by another process: theirs stands
+                shutil.rmtree(hidden, ignore_errors=True)
+
+    def owner(self) -> dict[str, Any] | None:
+        """The process that made the spool (``pid``, ``host``), or None. O(1)."""
+        return _read_owner(self.path)
+
+    def owner_gone(self) -> bool:
+        """Whether the spool's owner was on this host and is gone. O(1)."""
+        return _owner_gone(self.owner())
 
     def write(self, batch_id: int, figures: Mapping[str, Any]) -> None:
         """Leave micro-batch ``batch_id``'s ``figures`` (by the names of :data:`SPOOLED`;
-        a missing one is null). O(1)."""
+        a missing one is null). O(1), and O(spools) the first time."""
         directory = self.path
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            self._create()
         hidden = os.path.join(directory, f".{batch_id}.json.tmp")
         row = {**{name: figures.get(name) for name in SPOOLED}, "batch_id": batch_id}
         with open(hidden, "w", encoding="utf-8") as fh:
@@ -130,7 +241,7 @@ class ProgressSpool:
             names = os.listdir(self.path)
         except FileNotFoundError:
             return []
-        return sorted(int(name[:-5]) for name in names if name.endswith(".json"))
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
     def read(self, batch_id: int) -> tuple[Any, ...]:
         """Micro-batch ``batch_id``'s figures, as a row of :data:`SPOOLED`. O(1)."""
@@ -146,10 +257,8 @@ class ProgressSpool:
                     os.remove(os.path.join(self.path, f"{waiting}.json"))
 
     def remove(self) -> None:
-        """Delete the spool and whatever waits in it. O(files)."""
-        self.forget_through(2**63 - 1)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.path)
+        """Delete the spool, its owner file and whatever waits in it. O(files)."""
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 class ProgressReader(SimpleDataSourceStreamReader):
@@ -158,6 +267,25 @@ class ProgressReader(SimpleDataSourceStreamReader):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.spool = ProgressSpool(options["spool"])
+        self.grace_s = float(options.get("orphan_grace_s", ORPHAN_GRACE_S))
+        self._gone_since: float | None = None
+
+    def _stop_if_orphaned(self) -> None:
+        """Raise :class:`SpoolOwnerGone` once the spool's owner has been gone for
+        :attr:`grace_s` (called when nothing waits). O(1)."""
+        if not self.spool.owner_gone():
+            self._gone_since = None
+            return
+        now = time.monotonic()
+        if self._gone_since is None:
+            self._gone_since = now
+        if now - self._gone_since >= self.grace_s:
+            owner = self.spool.owner() or {}
+            raise SpoolOwnerGone(
+                f"tickwheel progress: the query that filled spool {self.spool.path} (pid "
+                f"{owner.get('pid')} on {owner.get('host')}) is gone without a clean stop; "
+                "its companion stops"
+            )
 
     def initialOffset(self) -> dict[str, int]:
         return {"batch": -1}
@@ -171,6 +299,7 @@ class ProgressReader(SimpleDataSourceStreamReader):
     def read(self, start: dict[str, int]) -> tuple[Iterator[tuple[Any, ...]], dict[str, int]]:
         waiting = self._waiting(int(start["batch"]))
         if not waiting:
+            self._stop_if_orphaned()
             return iter([]), start
         return iter([self.spool.read(b) for b in waiting]), {"batch": waiting[-1]}
 

@@ -235,9 +235,24 @@ def _release_when_done(
     companion: StreamingQuery | None = None,
 ) -> None:
     """Release ``lock`` when ``query`` terminates, however it ends; then let the
-    ``companion`` query (:mod:`.progress`) read what is left and stop it."""
+    ``companion`` query (:mod:`.progress`) read what is left and stop it. A classic
+    session tells a listener; under Spark Connect a daemon thread polls
+    ``query.isActive`` instead (:func:`~.checkpoint.when_inactive` says why)."""
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
+    from ..spark.session import is_classic
+    from .checkpoint import when_inactive
+
+    if not is_classic(spark):
+
+        def after_connect_query(session_gone: bool) -> None:
+            lock.release()
+            if companion is not None and not session_gone:
+                with contextlib.suppress(Exception):  # the session may stop meanwhile
+                    _drain_and_stop(companion)
+
+        when_inactive(lambda: bool(query.isActive), after_connect_query)
+        return
     ended = threading.Lock()
 
     def after_query() -> None:
