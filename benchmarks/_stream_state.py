@@ -141,8 +141,11 @@ def state_line(spark: Any, run: Path) -> str:
     """The carried state at the end of a stream run: pending operations, ``ops`` rows, bytes."""
     from pyspark.sql import functions as F
 
-    states = run / "ck" / "tickwheel" / "state"
-    last = sorted(states.iterdir(), key=lambda p: int(p.name))[-1]
+    from tickwheel.pipeline.storage import LocalStorage
+    from tickwheel.pipeline.stream.checkpoint import StateStore
+
+    store = StateStore(str(run / "ck" / "tickwheel"), LocalStorage())
+    last = Path(store.state_path(store.committed()[-1]))
     ops = spark.read.parquet(str(last / "ops"))
     pending = ops.where(F.col("kind") == "pending").count()
     rows, size = ops.count(), _dir_bytes(last / "ops")

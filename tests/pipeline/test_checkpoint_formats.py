@@ -52,7 +52,8 @@ def _moved(copy: Path) -> None:
 
 def _last_commit(root: Path) -> Path:
     """The last commit's file: ``commits/N.json``, or in format 1 ``state/N/meta.json``."""
-    commits = sorted((root / "commits").glob("*.json"), key=lambda p: int(p.stem))
+    commits = sorted((root / "commits").glob("*.json"),
+                     key=lambda p: [int(n) for n in p.stem.split(".")])  # fmt: skip
     if commits:
         return commits[-1]
     return sorted((root / "state").glob("*/meta.json"), key=lambda p: int(p.parent.name))[-1]

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -158,6 +159,15 @@ def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None
         def committed(self) -> list[int]:
             return self.done
 
+        def meta(self, batch_id: int) -> dict[str, Any]:
+            return {}  # the commit of a published batch: nothing to publish again
+
+        def owns(self) -> bool:
+            return True
+
+        def prune(self, batch_id: int, meta: dict[str, Any]) -> None:
+            pass
+
     store = Store()
     published: list[tuple[int, dict[str, Any]]] = []
 
@@ -165,7 +175,8 @@ def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None
         store.done.append(batch_id)
         return {}, {"events": 5, "expired": 2, "watermark": 1000, "warnings": ["w"]}
 
-    runner = BatchRunner(store, None, process, quiet=True,  # type: ignore[arg-type]
+    published_sink = SimpleNamespace(is_committed=lambda _batch_id: True)
+    runner = BatchRunner(store, published_sink, process, quiet=True,  # type: ignore[arg-type]
                          publish=lambda b, counts: published.append((b, dict(counts))))  # fmt: skip
     runner(None, 0)  # type: ignore[arg-type]
     runner(None, 0)  # type: ignore[arg-type]

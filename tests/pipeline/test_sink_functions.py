@@ -114,7 +114,7 @@ def committed_outcomes(spark: Any, stream_input: dict[str, Path]) -> list[tuple[
 def function_outputs(stream_input: dict[str, Path]) -> Path:
     """The job with both example sinks: killed after its function wrote micro-batch 1
     and before the checkpoint committed it, then run again to the end."""
-    _job(stream_input, "after_sink_commit:1")
+    _job(stream_input, "after_state:1")
     return _job(stream_input, None)
 
 

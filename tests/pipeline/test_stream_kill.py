@@ -9,9 +9,11 @@ no row lost, none doubled. The same for the Parquet and the PostgreSQL sinks.
 Every fault point is taken by ``test_sources.py``'s Kafka-like job (with the
 checkpoint and output at URIs on a classic session, at local paths under
 Spark Connect); here, the command line's file source and each sink take the
-points where they differ: the Parquet sink's half-written attempt deleted
-and its replay killed again, the PostgreSQL sink's staged rows replaced and
-its transaction committed before the checkpoint.
+points where they differ: the Parquet sink's half-written attempt left aside
+and its replay killed again, the PostgreSQL sink's staged rows left behind
+and its transaction committed before Spark's own commit log; and what
+``read_stream_outputs`` reads between the checkpoint's commit of a batch and
+its publication in the sink.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
 #: (point, batch) of each killed run of the Parquet sink's job, in order; every run but
 #: the last dies. Batch 1 dies twice: its replay is killed again, later in the batch.
 PARQUET_KILLS = [("after_outputs", 1), ("after_state", 1)]
-#: The same for the PostgreSQL sink: staged rows left, then rows committed before the
-#: checkpoint.
+#: The same for the PostgreSQL sink: staged rows left, then rows committed before
+#: Spark's own commit log.
 POSTGRES_KILLS = [("mid_batch", 0), ("after_sink_commit", 2)]
 
 
@@ -56,14 +58,14 @@ def _run(args: list[str], fault: str | None) -> subprocess.CompletedProcess[str]
     )
 
 
-def _kill_and_restart(
-    tmp: Path, extra: list[str], kills: list[tuple[str, int]]
-) -> tuple[Path, Any]:
+def _stream_args(tmp: Path, extra: list[str]) -> tuple[list[str], Any, list[Path]]:
+    """The job's arguments over 150 orders in 5 files, its reference, and the files."""
     gen = tmp / "gen"
     generate_orders(150, gen, seed=5, files=5)
     rules = write_rules(tmp / "rules.toml")
     ref = run_reference(iter_input_lines(gen), load_rules(rules))
-    feed(sorted(gen.glob("part-*.jsonl")), fresh(tmp / "in"), 5)
+    files = sorted(gen.glob("part-*.jsonl"))
+    feed(files, fresh(tmp / "in"), 5)
     args = [
         "--rules",
         str(rules),
@@ -81,6 +83,13 @@ def _kill_and_restart(
         "2",
         *extra,
     ]
+    return args, ref, files
+
+
+def _kill_and_restart(
+    tmp: Path, extra: list[str], kills: list[tuple[str, int]]
+) -> tuple[Path, Any]:
+    args, ref, _ = _stream_args(tmp, extra)
     assert {p for p, _ in kills} <= set(FAULT_POINTS)
     for point, batch in kills:
         proc = _run(args, f"{point}:{batch}")
@@ -122,3 +131,23 @@ def test_kill_and_restart_postgres_sink(spark: Any, tmp_path: Path, postgres: An
     assert sink.committed_batches() == [0, 1, 2, 3, 4]
     assert postgres.psql("SELECT count(*) FROM tickwheel_batches").strip() == "5"
     compare_with_reference(read_stream_outputs(spark, sink, str(tmp / "ck")), ref)
+
+
+def test_outputs_read_between_a_commit_and_its_publication(spark: Any, tmp_path: Path) -> None:
+    """Killed after the checkpoint committed batch 2 and before the sink published it:
+    ``read_stream_outputs``, given the checkpoint alone, reads what batches 0 and 1
+    and their own state make (a batch run over their two files), never batch 2's
+    outcomes beside batch 1's pending rows; the restart publishes batch 2, once."""
+    args, ref, files = _stream_args(tmp_path, ["--sink", "parquet"])
+    proc = _run(args, "after_commit:2")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert ParquetSink(str(tmp_path / "out")).committed_batches() == [0, 1]
+    first_two = run_reference(
+        (line for f in files[:2] for line in iter_input_lines(f)),
+        load_rules(tmp_path / "rules.toml"),
+    )
+    compare_with_reference(read_stream_outputs(spark, checkpoint=str(tmp_path / "ck")), first_two)
+    proc = _run(args, None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "batch 2: already committed; its outputs published now" in proc.stdout
+    compare_with_reference(read_stream_outputs(spark, checkpoint=str(tmp_path / "ck")), ref)

@@ -585,6 +585,8 @@ class StateStore:
                 content = read_json(self.storage, path)
             except FileNotFoundError:
                 return None, path, fence
+            except ValueError as exc:
+                raise ValueError(f"the commit of batch {batch_id} cannot be read: {exc}") from None
             if not content.get("fence"):
                 return content, path, fence
             fence = content

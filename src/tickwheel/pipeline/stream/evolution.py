@@ -191,7 +191,7 @@ def _pending_by_rule(
 
     from ..storage import join
 
-    ops = join(store.path(batch_id), "ops")
+    ops = join(store.state_path(batch_id), "ops")
     if not store.storage.exists(ops):
         return {}
     rows = (

@@ -215,8 +215,7 @@ def _checkpoint_root(
     owner.acquire()
     store = StateStore(root, storage, owner)
     try:
-        store.check_format()  # before this release writes its own fence there
-        store.fence()
+        store.check_format()
     except BaseException:
         owner.release()
         raise
@@ -235,10 +234,15 @@ def _before_first_batch(
     """What both drivers check before their query starts (a failure inside a micro-batch
     is a long trace): the workers run this tickwheel, the state's format is one this
     release reads, and the rules' changes apply (:mod:`.evolution`). Returns what the
-    first batch drops from the state."""
+    first batch drops from the state. Then, once nothing refused the run, a job that
+    took the checkpoint over from a predecessor fences it
+    (:meth:`~.checkpoint.StateStore.fence`): a predecessor that froze may still run."""
     check_workers(spark)
     store.check_format()
-    return check_rules_change(
+    adjustment = check_rules_change(
         store, rules, spark, input_format=input_format,
         drop_incompatible_state=drop_incompatible_state, say=lambda m: _log(quiet, m),
     )  # fmt: skip
+    if store.token is not None and store.token > 1:  # a predecessor held it before
+        store.fence()
+    return adjustment

@@ -123,16 +123,12 @@ def _status(
             f"checkpoint {top}: not a tickwheel stream checkpoint (no tickwheel/ directory)"
         )
     store = StateStore(root, storage)
-    committed = store.committed()
-    last = committed[-1] if committed else None
-    meta: dict[str, Any] = {}
-    if last is not None:
-        try:
-            meta = store.meta(last)
-        except ValueError as exc:
-            raise StreamError(
-                f"checkpoint {top}: the commit of batch {last} cannot be read: {exc}"
-            ) from None
+    try:
+        committed = store.committed()
+        last = committed[-1] if committed else None
+        meta: dict[str, Any] = store.meta(last) if last is not None else {}
+    except ValueError as exc:  # names the batch whose commit it is
+        raise StreamError(f"checkpoint {top}: {exc}") from None
     committed_at = _int_or_none(meta.get("committed_at_ms"))
     watermark = _int_or_none(meta.get("watermark"))
     status: dict[str, Any] = {
@@ -155,7 +151,7 @@ def _status(
     if last is None:
         status.update(pending=None, markers=None, events=None, state=None)
     else:
-        state = store.path(last)
+        state = store.state_path(last, meta)
         figures = (
             _spark_state(spark, state, watermark)
             if is_uri(root) and spark is not None
