@@ -27,10 +27,10 @@ import atexit
 import contextlib
 import datetime as dt
 import fcntl
+import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +52,8 @@ __all__ = [
     "fault",
     "owner_holding",
 ]
+
+logger = logging.getLogger(__name__)
 
 FAULT_ENV = "TICKWHEEL_FAULT"
 FAULT_LOG_ENV = "TICKWHEEL_FAULT_LOG"
@@ -95,8 +97,7 @@ def fault(point: str, batch_id: int) -> None:
     spec = os.environ.get(FAULT_ENV)
     if spec and spec == f"{point}:{batch_id}":
         message = f"tickwheel: fault injection: SIGKILL at {point} of batch {batch_id}\n"
-        sys.stderr.write(message)
-        sys.stderr.flush()
+        logger.critical("%s", message.rstrip("\n"))
         log = os.environ.get(FAULT_LOG_ENV)
         if log:
             with open(log, "a", encoding="utf-8") as fh:
@@ -256,11 +257,13 @@ class CheckpointOwner:
         """Raise :class:`StreamError` if a newer job took the checkpoint over. O(owners)."""
         tokens, _ = self._tokens()
         if self.token is None or (tokens and tokens[-1] != self.token):
-            raise StreamError(
+            fenced = StreamError(
                 f"checkpoint {_checkpoint_of(self.root)}: another job took it over (owner token "
                 f"{tokens[-1] if tokens else None}, ours {self.token}); this job stops without "
                 "committing"
             )
+            logger.warning("%s", fenced)
+            raise fenced
 
     def release(self) -> None:
         """Mark the end of this job's ownership. O(1)."""
