@@ -165,12 +165,13 @@ def test_a_new_rule_and_new_types_apply_to_the_events_applied_after_them(
 
 
 def test_lateness_and_retention_changes_apply(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """allowed_lateness 0 -> 10m: the next watermark is the largest time minus 10m, and
     never below the last; the retention's change is said."""
     stream = Stream(spark, tmp_path)
     stream.add(event("a1", "created", "A", 100))
+    caplog.set_level(logging.INFO, logger="tickwheel.pipeline")
     first = stream.run(rules_text())
     assert first["watermark"] == 100 * MIN
     stream.add(event("b1", "created", "B", 105))
@@ -179,7 +180,7 @@ def test_lateness_and_retention_changes_apply(
     stream.add(event("c1", "created", "C", 130))
     third = stream.run(rules_text(lateness="10m", retention="1d"))
     assert third["watermark"] == 120 * MIN
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "allowed_lateness 0ms -> 10m" in out and "retention 7d -> 1d" in out
 
 
