@@ -184,7 +184,7 @@ def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None
 
 
 def test_a_spool_that_cannot_be_written_does_not_stop_the_stream(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The figures are for watching: a full or unwritable temporary directory gives a
     warning, and the micro-batch (committed already) stands."""
@@ -210,7 +210,8 @@ def test_a_spool_that_cannot_be_written_does_not_stop_the_stream(
     runner = BatchRunner(Store(), None, process, True, spool.write)  # type: ignore[arg-type]
     runner(None, 4)  # type: ignore[arg-type]
     assert done == [4] and runner.batches_run == 1
-    assert "batch 4: warning: its figures were not published" in capsys.readouterr().err
+    assert "batch 4: warning: its figures were not published" in caplog.text
+    assert all(r.levelname == "WARNING" for r in caplog.records if "figures" in r.getMessage())
 
 
 class FiguresListener:

@@ -11,6 +11,7 @@ message, unless ``drop_incompatible_state`` drops what it concerns.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -114,7 +115,7 @@ def reference_by_op(lines: list[str], rules: str, tmp: Path) -> dict[Any, tuple[
 
 
 def test_a_timeout_change_keeps_the_deadlines_of_open_operations(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """30m -> 45m: A, opened before, keeps its 30m (the old rules' outcome); B, opened
     after, takes 45m (the new rules' outcome)."""
@@ -123,8 +124,9 @@ def test_a_timeout_change_keeps_the_deadlines_of_open_operations(
     stream.run(rules_text(timeout="30m"))
     stream.add(event("b1", "created", "B", 10), event("a2", "paid", "A", 40),
                event("b2", "paid", "B", 50), event("z", "created", "Z", 200))  # fmt: skip
-    stream.run(rules_text(timeout="45m"))
-    out = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="tickwheel.pipeline"):
+        stream.run(rules_text(timeout="45m"))
+    out = caplog.text
     assert "rule 'payment': timeout 30m -> 45m: pending operations keep the deadline" in out
     got = outcomes_by_op(stream)
     lines = [line for batch in stream.lines for line in batch]
@@ -163,12 +165,13 @@ def test_a_new_rule_and_new_types_apply_to_the_events_applied_after_them(
 
 
 def test_lateness_and_retention_changes_apply(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """allowed_lateness 0 -> 10m: the next watermark is the largest time minus 10m, and
     never below the last; the retention's change is said."""
     stream = Stream(spark, tmp_path)
     stream.add(event("a1", "created", "A", 100))
+    caplog.set_level(logging.INFO, logger="tickwheel.pipeline")
     first = stream.run(rules_text())
     assert first["watermark"] == 100 * MIN
     stream.add(event("b1", "created", "B", 105))
@@ -177,7 +180,7 @@ def test_lateness_and_retention_changes_apply(
     stream.add(event("c1", "created", "C", 130))
     third = stream.run(rules_text(lateness="10m", retention="1d"))
     assert third["watermark"] == 120 * MIN
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "allowed_lateness 0ms -> 10m" in out and "retention 7d -> 1d" in out
 
 
@@ -214,6 +217,38 @@ def test_refusals_name_every_difference(spark: Any, tmp_path: Path) -> None:
     message = str(refused.value)
     assert "rule 'payment': its key field changed: 'order_id' -> 'customer'" in message
     assert "the input format changed: 'json' -> 'csv'" in message
+
+
+def test_a_frame_of_the_other_form_is_refused_like_an_input_format_change(
+    spark: Any, tmp_path: Path
+) -> None:
+    """start_stream without input_format: the form it guesses from the frame (a value
+    column: json; else the fields as columns) is recorded and compared, so a restart
+    on a frame of the other form is refused as an explicit change is."""
+    from tickwheel.pipeline.stream.start import start_stream
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text(rules_text())
+    checkpoint, output = str(tmp_path / "ck"), str(tmp_path / "out")
+    lines = [event("a1", "created", "A", 0)]
+    values = spark.readStream.format("text").load(str(_text_dir(tmp_path, lines)))
+    query = start_stream(values, rules, output=output, checkpoint=checkpoint, trigger="once")
+    query.awaitTermination()
+    columns = values.selectExpr(
+        "get_json_object(value, '$.event_id') AS event_id",
+        "get_json_object(value, '$.type') AS type",
+        "get_json_object(value, '$.order_id') AS order_id",
+        "CAST(get_json_object(value, '$.ts') AS LONG) AS ts",
+    )
+    with pytest.raises(RulesChangeRefused, match="the input format changed: 'json' -> 'columns'"):
+        start_stream(columns, rules, output=output, checkpoint=checkpoint, trigger="once")
+
+
+def _text_dir(tmp: Path, lines: list[str]) -> Path:
+    directory = tmp / "text"
+    directory.mkdir()
+    (directory / "0.jsonl").write_text("\n".join(lines) + "\n")
+    return directory
 
 
 def test_a_removed_rule_without_pending_operations_applies(spark: Any, tmp_path: Path) -> None:

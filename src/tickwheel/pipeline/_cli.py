@@ -191,7 +191,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from .spark.class_archive import ArchiveError
 
     try:
-        build(force=args.force)
+        build(force=args.force, say=_say)
     except ArchiveError as exc:
         print(f"tickwheel pipeline prepare: {exc}", file=sys.stderr)
         return 1

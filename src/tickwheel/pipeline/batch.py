@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import posixpath
 import threading
@@ -65,6 +66,8 @@ __all__ = [
     "run_job",
     "text_columns",
 ]
+
+logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 OUTPUT_FORMATS = ("parquet", "csv", "json")
@@ -312,7 +315,8 @@ def run_job(
     ``partitions`` is the number of key-hash partitions (default: one per 64 MiB
     of input, at least Spark's default parallelism:
     :func:`.spark.session.partitions_for`). ``progress`` receives one line per
-    phase with counts and the elapsed time. ``max_future_ms`` is the
+    phase with counts and the elapsed time (default: this module's logger, at
+    INFO, without the Spark stages' lines). ``max_future_ms`` is the
     far-future guard: a record stamped later than ``now_ms`` (default: the
     clock at the start) plus it is rejected as ``far_future`` instead of
     moving the watermark; None turns it off.
@@ -326,7 +330,7 @@ def run_job(
     concurrently.
     """
     _check_output_format(output_format)
-    phases = _Phases(progress if progress is not None else (lambda _msg: None))
+    phases = _Phases(progress if progress is not None else logger.info)
     out = absolute(output_dir)
     out_storage = storage_for(out, spark)
     if not is_uri(out):

@@ -9,6 +9,7 @@ and the batch driver.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -26,20 +27,26 @@ from .spark.class_archive import (
 
 __all__ = ["build"]
 
+logger = logging.getLogger(__name__)
+
 #: Orders the recording run processes: enough to load every class a batch run loads.
 RECORD_ORDERS = 2_000
 #: Each child (record, check) is one short Spark run; this bounds a stuck one.
 CHILD_TIMEOUT_S = 300
 
 
-def build(force: bool = False, say: Callable[[str], None] = print) -> Path:
+def build(force: bool = False, say: Callable[[str], None] | None = None) -> Path:
     """Record, check and install the archive for this JVM and Spark; return its path.
+
+    Each step's line goes to ``say``, by default this module's logger at INFO.
 
     Does nothing when it is there already (unless ``force``). Raises
     :class:`ArchiveError` when there is no ``java`` or a step fails; nothing is
     left under the final name then. Cost: two short Spark runs in child
     processes, about half a minute.
     """
+    if say is None:
+        say = logger.info
     digest = fingerprint()
     if digest is None:
         raise ArchiveError("no java: set JAVA_HOME or put java on the PATH")

@@ -50,11 +50,11 @@ import atexit
 import contextlib
 import datetime as dt
 import fcntl
+import logging
 import os
 import re
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -80,6 +80,8 @@ __all__ = [
     "owner_holding",
     "when_inactive",
 ]
+
+logger = logging.getLogger(__name__)
 
 FAULT_ENV = "TICKWHEEL_FAULT"
 FAULT_LOG_ENV = "TICKWHEEL_FAULT_LOG"
@@ -169,8 +171,7 @@ def fault(point: str, batch_id: int) -> None:
         return
     signal_name = "SIGSTOP of the process group" if action else "SIGKILL"
     message = f"tickwheel: fault injection: {signal_name} at {point} of batch {batch_id}\n"
-    sys.stderr.write(message)
-    sys.stderr.flush()
+    logger.critical("%s", message.rstrip("\n"))
     log = os.environ.get(FAULT_LOG_ENV)
     if log:
         with open(log, "a", encoding="utf-8") as fh:
@@ -372,11 +373,13 @@ class CheckpointOwner:
 
     def fenced_by(self, token: int, host: str | None = None) -> CheckpointFenced:
         """The error of this job, fenced by the owner with ``token`` (whose host is read
-        from its owner file when not given). O(1) calls."""
+        from its owner file when not given), logged at WARNING. O(1) calls."""
         if host is None:
             with contextlib.suppress(OSError, ValueError):
                 host = read_json(self.storage, self._owner_path(token)).get("host")
-        return CheckpointFenced(_checkpoint_of(self.root), self.token, token, host)
+        fenced = CheckpointFenced(_checkpoint_of(self.root), self.token, token, host)
+        logger.warning("%s", fenced)
+        return fenced
 
     def release(self) -> None:
         """Mark the end of this job's ownership. O(1)."""

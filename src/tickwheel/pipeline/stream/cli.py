@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..spark.session import add_remote_argument, check_remote_or_master
@@ -147,7 +150,7 @@ def run_stream_command(args: Any) -> int:
             drop_incompatible_state=args.drop_incompatible_state,
             progress_metrics=args.progress_metrics,
         )
-        with StreamJob(config) as job:
+        with _command_output(quiet=args.quiet), StreamJob(config) as job:
             job.run()
     except (StreamError, RulesError, SinkError) as exc:
         print(f"tickwheel pipeline stream: error: {exc}", file=sys.stderr)
@@ -159,6 +162,46 @@ def run_stream_command(args: Any) -> int:
         print(f"tickwheel pipeline stream: error: {hint}", file=sys.stderr)
         return 1
     return 0
+
+
+class _CommandFormatter(logging.Formatter):
+    """The command's lines: ``[HH:MM:SS] stream: ...`` for progress, and
+    ``tickwheel pipeline stream: ...`` for a warning (its message names the batch)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            return f"tickwheel pipeline stream: {message}"
+        stamp = dt.datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
+        return f"[{stamp}] stream: {message}"
+
+
+@contextlib.contextmanager
+def _command_output(*, quiet: bool) -> Iterator[None]:
+    """While the command runs, show the ``tickwheel.pipeline`` loggers' records as its
+    output: INFO on standard output (not with ``quiet``), WARNING and above on
+    standard error (always). O(1)."""
+    logger = logging.getLogger("tickwheel.pipeline")
+    formatter = _CommandFormatter()
+    errors = logging.StreamHandler(sys.stderr)
+    errors.setLevel(logging.WARNING)
+    progress = logging.StreamHandler(sys.stdout)
+    progress.setLevel(logging.INFO)
+    progress.addFilter(lambda record: record.levelno < logging.WARNING)
+    handlers = [errors] if quiet else [progress, errors]
+    saved = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # the command's output, not also the root's
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

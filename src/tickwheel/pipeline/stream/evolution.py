@@ -35,6 +35,7 @@ carried state) from the first micro-batch on, and reports what it dropped.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,8 @@ __all__ = [
     "compare_rules",
     "rules_record",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The fields whose change the carried state cannot follow.
 _STATE_FIELDS = ("key", "id", "time", "sequence")
@@ -211,16 +214,15 @@ def check_rules_change(
     *,
     input_format: str | None = None,
     drop_incompatible_state: bool = False,
-    say: Any = None,
 ) -> StateAdjustment | None:
     """Compare the rules in force with those the last commit recorded, before any batch.
 
     Raises :class:`RulesChangeRefused` for a change the state cannot follow,
     unless ``drop_incompatible_state``: then returns what the first batch
-    drops. ``say(message)`` hears how each applied change applies, and what is
-    dropped. A checkpoint without a commit, or one written before the rules
-    were recorded, has nothing to compare. O(1) calls, plus one Spark job when
-    a rule was removed.
+    drops. How each applied change applies is logged at INFO, what is
+    dropped at WARNING (this module's logger). A checkpoint without a commit,
+    or one written before the rules were recorded, has nothing to compare.
+    O(1) calls, plus one Spark job when a rule was removed.
     """
     committed = store.committed()
     if not committed:
@@ -255,9 +257,8 @@ def check_rules_change(
             f"{DROP_OPTION}, which drops what the old rules left pending, says how much, "
             "and goes on."
         )
-    report = say if say is not None else (lambda _message: None)
     for line in [*change.applied, *removed_text]:
-        report(f"rules changed since batch {last}: {line}")
+        logger.info("rules changed since batch %d: %s", last, line)
     if change.refused:
         dropped = (
             "the whole carried state (pending operations, buffered events, expiry markers)"
@@ -267,8 +268,8 @@ def check_rules_change(
             + f" ({sum(pending.values()):,} pending operations)"
         )
         for line in change.refused:
-            report(f"rules changed since batch {last}: {line}")
-        report(f"drop_incompatible_state: dropping {dropped}")
+            logger.warning("rules changed since batch %d: %s", last, line)
+        logger.warning("drop_incompatible_state: dropping %s", dropped)
     return StateAdjustment(
         after=last,
         rules=frozenset(change.removed),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -31,7 +32,6 @@ from .runner import (
     BatchRunner,
     _before_first_batch,
     _checkpoint_root,
-    _log,
     _new_plan,
     _spark_checkpoint,
     _with_trigger,
@@ -49,6 +49,8 @@ __all__ = [
     "StreamConfig",
     "StreamJob",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def _within(path: str, directory: str) -> bool:
@@ -129,6 +131,8 @@ class StreamConfig:
     remote: str | None = None  # a Spark Connect URL (sc://host:port), instead of master
     driver_memory: str | None = None  # default: spark.session.default_driver_memory()
     jit: str = "auto"  # auto | c1 | c2: see StreamJob.quick_jit
+    # No progress lines on the command line (its handler shows warnings only);
+    # a library caller configures the tickwheel.pipeline loggers instead.
     quiet: bool = False
     # Go on past a rules change the state cannot follow, dropping what it concerns.
     drop_incompatible_state: bool = False
@@ -252,7 +256,7 @@ class StreamJob:
 
         conf = {"spark.sql.session.timeZone": "UTC", **spark_jdbc_conf(), **STREAM_SESSION_CONF}
         if self.config.remote is not None:
-            _log(self.config.quiet, f"connecting to Spark Connect at {self.config.remote}")
+            logger.info("connecting to Spark Connect at %s", self.config.remote)
             self._spark = create_session(
                 remote=self.config.remote,
                 app_name="tickwheel-stream",
@@ -265,8 +269,8 @@ class StreamJob:
         quick = self.quick_jit()
         if SparkSession.getActiveSession() is None:  # else the JVM is up already
             jit = "JIT: C1 only" if quick else "JIT: C1 and C2"
-            _log(
-                self.config.quiet,
+            logger.info(
+                "%s",
                 f"starting Spark ({'; '.join(filter(None, (master, jit, classes)))})",
             )
         spark = create_session(
@@ -444,7 +448,7 @@ class StreamJob:
         try:
             self._adjustment = _before_first_batch(
                 spark, self.store, self.rules, input_format=self.input_format,
-                drop_incompatible_state=config.drop_incompatible_state, quiet=config.quiet,
+                drop_incompatible_state=config.drop_incompatible_state,
             )  # fmt: skip
         except WorkersError as exc:
             raise StreamError(str(exc)) from None
@@ -458,7 +462,7 @@ class StreamJob:
         assert self._lock is not None
         self._lock.write_owner(jvm_pid)
         self.sink = make_sink(config.sink, config.output, spark, url=config.jdbc_url)
-        _log(config.quiet, f"rules {self.rules.names}, input {config.input} ({self.input_format}),"
+        logger.info("%s", f"rules {self.rules.names}, input {config.input} ({self.input_format}),"
              f" sink {self.sink.describe()}, checkpoint {self.checkpoint}")  # fmt: skip
         self.options = StepOptions(
             partitions=config.partitions,
@@ -495,5 +499,5 @@ class StreamJob:
             # each micro-batch's counts; its batch ids are consecutive.
             last = self.store.committed()
             summary["batches_run"] = (last[-1] if last else -1) - (before[-1] if before else -1)
-        _log(config.quiet, f"done: {json.dumps(summary, sort_keys=True)}")
+        logger.info("done: %s", json.dumps(summary, sort_keys=True))
         return summary

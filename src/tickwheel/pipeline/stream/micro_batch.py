@@ -13,6 +13,7 @@ crash repeats). See ``docs/pipeline-design.md``, "Commit protocol".
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from ..sinks import BatchSink
 
 __all__ = ["GAUGES", "MicroBatch", "MicroBatchInput", "abnormal_batch_warnings", "publish_outputs"]
+
+logger = logging.getLogger(__name__)
 
 #: The tables a micro-batch gives its sink.
 TABLES = ("outcomes", "unmatched", "rejected", "late")
@@ -192,6 +195,12 @@ class MicroBatch:
                 more["rejected"] = counts.rejected_total
                 for outcome in ("completed", "expired", "cancelled", "pending"):
                     more[outcome] = outcomes.get(outcome, 0)
+        if reported["far_future"]:
+            logger.warning(
+                "batch %d: %d record(s) stamped too far after processing time went to "
+                "rejected/ as far_future",
+                self.batch_id, reported["far_future"],
+            )  # fmt: skip
         return {**reported, **more, "watermark": meta["watermark"], "warnings": warnings}
 
     def commit(

@@ -13,9 +13,8 @@ query from these.
 
 from __future__ import annotations
 
-import datetime as dt
 import gc
-import sys
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -74,10 +73,7 @@ def _with_trigger(writer: DataStreamWriter, trigger: str | None) -> DataStreamWr
     return writer.trigger(processingTime=f"{interval_ms} milliseconds")
 
 
-def _log(quiet: bool, message: str) -> None:
-    if not quiet:
-        stamp = dt.datetime.now().strftime("%H:%M:%S")
-        print(f"[{stamp}] stream: {message}", flush=True)
+logger = logging.getLogger(__name__)
 
 
 #: At most how often (seconds) a micro-batch ends with a full collection of the
@@ -103,6 +99,10 @@ class BatchRunner:
     given, then receives the batch id and the counts with the watermark (the
     figures of :mod:`.progress`). A micro-batch ends with a full collection of
     Python's garbage when the last one is :data:`FULL_COLLECTION_EVERY_S` old.
+
+    The progress lines go to this module's logger at INFO, a micro-batch's
+    warnings at WARNING; ``quiet`` is kept for compatibility and changes
+    nothing (the logging configuration decides what is shown).
     """
 
     store: StateStore
@@ -123,7 +123,7 @@ class BatchRunner:
             # outputs may still wait for their publication, which this rolls forward.
             rolled = publish_outputs(self.store, self.sink, batch_id)
             done = "its outputs published now" if rolled else "skipped"
-            _log(self.quiet, f"batch {batch_id}: already committed; {done} (replay)")
+            logger.info("batch %d: already committed; %s (replay)", batch_id, done)
             return
         later = [b for b in self.store.committed() if b > batch_id]
         if later:
@@ -139,8 +139,8 @@ class BatchRunner:
             try:
                 self.publish(batch_id, counts)
             except OSError as exc:  # the figures are for watching: the stream goes on
-                print(f"tickwheel pipeline stream: batch {batch_id}: warning: its figures "
-                      f"were not published: {exc}", file=sys.stderr, flush=True)  # fmt: skip
+                logger.warning("batch %d: warning: its figures were not published: %s",
+                               batch_id, exc)  # fmt: skip
         self._collect_garbage()
 
     def _collect_garbage(self) -> None:
@@ -154,9 +154,8 @@ class BatchRunner:
         self, batch_id: int, plan: Mapping[str, Any], counts: dict[str, Any], seconds: float
     ) -> None:
         warnings: list[str] = counts.pop("warnings")
-        for message in warnings:  # on stderr even when quiet
-            print(f"tickwheel pipeline stream: batch {batch_id}: warning: {message}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+        for message in warnings:
+            logger.warning("batch %d: warning: %s", batch_id, message)
         self.warnings.extend(f"batch {batch_id}: {message}" for message in warnings)
         for name, value in counts.items():
             if isinstance(value, int) and not isinstance(value, bool):
@@ -164,8 +163,8 @@ class BatchRunner:
         self.batches_run += 1
         files = plan.get("files")
         took = f"{len(files)} file(s), " if files is not None else ""
-        _log(
-            self.quiet,
+        logger.info(
+            "%s",
             f"batch {batch_id}: {took}"
             + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
             + f" in {seconds:.1f}s"
@@ -229,7 +228,6 @@ def _before_first_batch(
     *,
     input_format: str | None,
     drop_incompatible_state: bool,
-    quiet: bool,
 ) -> StateAdjustment | None:
     """What both drivers check before their query starts (a failure inside a micro-batch
     is a long trace): the workers run this tickwheel, the state's format is one this
@@ -241,7 +239,7 @@ def _before_first_batch(
     store.check_format()
     adjustment = check_rules_change(
         store, rules, spark, input_format=input_format,
-        drop_incompatible_state=drop_incompatible_state, say=lambda m: _log(quiet, m),
+        drop_incompatible_state=drop_incompatible_state,
     )  # fmt: skip
     if store.token is not None and store.token > 1:  # a predecessor held it before
         store.fence()

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..rules import Rules, load_rules
 from ..sinks.base import BATCH_ID
-from ..spark.records import DEFAULT_MAX_FUTURE_MS, parse_max_future
+from ..spark.records import DEFAULT_MAX_FUTURE_MS, input_form, parse_max_future
 from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
 from ..storage import absolute, join, storage_for
 from .checkpoint import CheckpointOwner, StateStore
@@ -131,6 +131,12 @@ def start_stream(
     progress of <query id>``, which stops after this one (:mod:`.progress`
     has the fields). It costs one Spark job per micro-batch, which counts the
     outcomes, and the companion's own micro-batches.
+
+    The stream reports through :mod:`logging`, under the ``tickwheel.pipeline``
+    loggers: each micro-batch's counts and an applied rules change at INFO;
+    dropped state, a micro-batch's warnings and far-future records at WARNING.
+    Configure logging to see them. ``quiet`` is kept for compatibility and
+    changes nothing.
     """
     from ..sinks import as_sink, make_sink
 
@@ -138,6 +144,9 @@ def start_stream(
     if not isinstance(rules, Rules):
         rules = load_rules(os.fspath(rules))
     spark = records.sparkSession
+    # The form the step will read (a value column: json, else columns), recorded and
+    # compared with the checkpoint's whether the caller named it or not.
+    form = input_format if input_format is not None else input_form(records, rules)
     options = StepOptions(
         partitions=partitions,
         max_future_ms=parse_max_future(max_future),
@@ -148,8 +157,8 @@ def start_stream(
     _, store, lock = _checkpoint_root(checkpoint, spark)
     try:
         adjustment = _before_first_batch(
-            spark, store, rules, input_format=input_format,
-            drop_incompatible_state=drop_incompatible_state, quiet=quiet,
+            spark, store, rules, input_format=form,
+            drop_incompatible_state=drop_incompatible_state,
         )  # fmt: skip
         batch_sink = (
             as_sink(sink)
@@ -158,7 +167,7 @@ def start_stream(
         )
 
         def process(frame: DataFrame, batch_id: int) -> tuple[Mapping[str, Any], dict[str, Any]]:
-            plan = store.plan(batch_id, lambda: _new_plan(batch_id, input_format=input_format))
+            plan = store.plan(batch_id, lambda: _new_plan(batch_id, input_format=form))
             batch = MicroBatchInput(frame, plan)
             micro_batch = MicroBatch(
                 rules, store, batch_sink, options, batch, adjustment,
@@ -167,7 +176,7 @@ def start_stream(
             return batch.plan, micro_batch.run()
 
         publish = spool.write if spool is not None else None
-        runner = BatchRunner(store, batch_sink, process, quiet=quiet, publish=publish)
+        runner = BatchRunner(store, batch_sink, process, publish=publish)
         writer = records.writeStream.foreachBatch(runner).option(
             "checkpointLocation", _spark_checkpoint(absolute(checkpoint))
         )
