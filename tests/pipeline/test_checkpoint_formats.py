@@ -39,13 +39,19 @@ def test_this_releases_format_has_a_fixture() -> None:
 
 
 def _moved(copy: Path) -> None:
-    """Point the copy's logged paths (the file log, the plans) at its own input."""
+    """Point the copy's logged paths (the file log, the plans) at its own input, and
+    its output's Spark file sink logs (format 3 on) at its own output files."""
     origin = (copy / "origin.txt").read_text(encoding="utf-8").strip()
     here = str(copy / "in")
     root = copy / "ck" / "tickwheel"
     logged = [root / "files.log", *(root / "plans").glob("*.json")]
     for path in [*logged, *(root / "state").glob("*/meta.json")]:  # format 1's metas too
         text = path.read_text(encoding="utf-8").replace(json.dumps(origin)[1:-1], here)
+        path.unlink()
+        path.write_text(text, encoding="utf-8")
+    fixture_uri = Path(origin).parent.as_uri()  # the log names files by URI, as Spark's
+    for path in (copy / "out").glob("*/_spark_metadata/*"):
+        text = path.read_text(encoding="utf-8").replace(fixture_uri + "/", copy.as_uri() + "/")
         path.unlink()
         path.write_text(text, encoding="utf-8")
 
