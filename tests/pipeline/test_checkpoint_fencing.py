@@ -33,7 +33,8 @@ def _job(root: Path) -> StateStore:
     owner.acquire()
     owner._unlock_local()
     store = StateStore(str(root), LocalStorage(), owner)
-    store.fence()
+    if store.token is not None and store.token > 1:  # as the drivers do: a predecessor
+        store.fence()
     return store
 
 
@@ -169,3 +170,22 @@ def test_the_state_store_carries_its_owners_token_across_processes(tmp_path: Pat
     _job(tmp_path)
     with pytest.raises(CheckpointFenced, match="taken over by token 2"):
         _commit(shipped, 1)
+
+
+def test_a_fence_outlives_the_pruning_of_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The predecessor froze between its owner check and its commit of batch 1, for
+    longer than the new owner took to commit and prune batches 1 to 3: the batch's
+    first slot still holds the fence, so the predecessor's commit is refused."""
+    first = _job(tmp_path)
+    _commit(first, 0)
+    _frozen_after_its_check(first, monkeypatch)
+    second = _job(tmp_path)
+    for batch_id in (1, 2, 3):
+        second.prune(batch_id, _commit(second, batch_id))
+    assert sorted(p.name for p in Path(second.commits).iterdir()) == ["1.json", "2.json", "3.json"]
+    assert second.committed() == [2, 3]  # 1's commit pruned; its fence kept
+    with pytest.raises(CheckpointFenced, match="token 2"):
+        _commit(first, 1)
+    assert second.committed() == [2, 3]

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from stream_support import compare_with_reference, fresh, subprocess_env, write_rules
-from tickwheel.pipeline.stream.job import read_stream_outputs
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 from support import kafka_like
 from support.reference import iter_input_lines, run_reference
@@ -103,9 +103,9 @@ def _wait_frozen(job: subprocess.Popen[bytes], log: Path, point: str, batch: int
     raise AssertionError(f"job A did not freeze at {point} of batch {batch} in 240 s")
 
 
-def _plain_rows(spark: Any, table: Path) -> list[tuple[Any, ...]]:
+def _plain_rows(spark: Any, table: str) -> list[tuple[Any, ...]]:
     """Every row a plain ``spark.read.parquet`` of ``table`` returns, sorted."""
-    frame = spark.read.parquet(str(table))
+    frame = spark.read.parquet(table)
     return sorted(tuple(r) for r in frame.select(*sorted(frame.columns)).collect())
 
 
@@ -119,13 +119,15 @@ def test_a_frozen_owner_that_wakes_is_fenced(
     conf = mount.hadoop_conf_dir(tmp_path / "hadoop-conf")
     kafka_like.create_topic(tmp_path / "topic", 3)
     kafka_like.append(tmp_path / "topic", orders["lines"])
-    frozen = subprocess.Popen(
-        _command("hostA", tmp_path, orders["rules"], mount),
-        env=_env(tmp_path, conf, f"{point}:{batch}:stop"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, which it stops
-    )
+    err_path = tmp_path / "a.err"  # a file, not a pipe: its JVM may outlive it a moment
+    with open(err_path, "wb") as err_file:
+        frozen = subprocess.Popen(
+            _command("hostA", tmp_path, orders["rules"], mount),
+            env=_env(tmp_path, conf, f"{point}:{batch}:stop"),
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            start_new_session=True,  # its own process group, which it stops
+        )
     try:
         _wait_frozen(frozen, tmp_path / "faults.log", point, batch)
         takeover = subprocess.run(
@@ -135,20 +137,21 @@ def test_a_frozen_owner_that_wakes_is_fenced(
         )  # fmt: skip
         assert takeover.returncode == 0, takeover.stderr[-3000:]
         os.killpg(frozen.pid, signal.SIGCONT)
-        _, err = frozen.communicate(timeout=180)
+        frozen.wait(timeout=180)
     finally:
         if frozen.poll() is None:
             os.killpg(frozen.pid, signal.SIGKILL)
             frozen.wait(timeout=60)
-    message = err.decode(errors="replace")
+    message = err_path.read_text(encoding="utf-8", errors="replace")
     assert frozen.returncode != 0, message[-3000:]
     assert "was taken over by token 2 on host hostB" in message, message[-3000:]
     assert "stops without writing again" in message
-    sink = ParquetSink(str(mount.root / "out"))
-    compare_with_reference(read_stream_outputs(spark, sink, str(mount.root / "ck")), orders["ref"])
+    mount.configure(spark)  # this session reads the jobs' URIs too
+    sink = ParquetSink(mount.uri("out"), spark)
+    compare_with_reference(read_stream_outputs(spark, sink, mount.uri("ck")), orders["ref"])
     for table in TABLES:  # what a downstream job or a notebook reads
         mine = sink.read_table(spark, table)
         assert mine is not None
-        assert _plain_rows(spark, mount.root / "out" / table) == sorted(
+        assert _plain_rows(spark, mount.uri("out", table)) == sorted(
             tuple(r) for r in mine.select(*sorted(mine.columns)).collect()
         ), table

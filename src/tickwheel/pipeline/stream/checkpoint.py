@@ -152,6 +152,10 @@ _FENCED = re.compile(
 )
 
 
+#: The (point, batch) where this process stopped itself already (:func:`fault`).
+_STOPPED: set[tuple[str, int]] = set()
+
+
 def fault(point: str, batch_id: int) -> None:
     """Stop at ``point`` of batch ``batch_id`` as ``TICKWHEEL_FAULT`` asks (tests).
 
@@ -167,8 +171,10 @@ def fault(point: str, batch_id: int) -> None:
     if not spec or not spec.startswith(f"{point}:{batch_id}"):
         return
     action = spec[len(f"{point}:{batch_id}") :]
-    if action not in ("", ":stop"):
+    if action not in ("", ":stop") or (point, batch_id) in _STOPPED:
         return
+    if action:
+        _STOPPED.add((point, batch_id))  # once: a point reached again after SIGCONT goes on
     signal_name = "SIGSTOP of the process group" if action else "SIGKILL"
     message = f"tickwheel: fault injection: {signal_name} at {point} of batch {batch_id}\n"
     logger.critical("%s", message.rstrip("\n"))
@@ -596,16 +602,10 @@ class StateStore:
             path = join(self.commits, f"{batch_id}.{int(content['token'])}.json")
 
     def committed(self) -> list[int]:
-        """The committed batch ids in order. One listing, and O(1) reads: a batch with
-        one slot file below the newest is committed (a later batch could not have
-        committed otherwise), so only the newest and the fenced ones are read."""
+        """The committed batch ids in order. One listing, and a read of each batch's
+        commit slots: those :meth:`prune` keeps, two batches' and the fences."""
         slots = self._slot_ids()
-        newest = max(slots, default=None)
-        ids = {
-            b
-            for b, count in slots.items()
-            if (count == 1 and b != newest) or self._resolve(b)[0] is not None
-        }
+        ids = {b for b in slots if self._resolve(b)[0] is not None}
         for name in self.storage.list_names(self.state):  # format 1: no commits/
             legacy = name.isdigit() and int(name) not in ids and int(name) not in slots
             if legacy and self.storage.exists(join(self.state, name, "meta.json")):
@@ -637,6 +637,12 @@ class StateStore:
         """Where ``attempt`` writes batch ``batch_id``'s next state. O(1)."""
         return join(self.path(batch_id), attempt.tag)
 
+    def _is_fence(self, name: str) -> bool:
+        """Whether the commit slot file ``name`` holds a fence. One read."""
+        with contextlib.suppress(OSError, ValueError):
+            return bool(read_json(self.storage, join(self.commits, name)).get("fence"))
+        return False
+
     def state_path(self, batch_id: int, meta: Mapping[str, Any] | None = None) -> str:
         """Where committed batch ``batch_id``'s state is: the attempt its commit
         (``meta``, read if not given) names. O(1) with ``meta``."""
@@ -665,6 +671,12 @@ class StateStore:
         except FileExistsError:  # made meanwhile by an attempt we never heard of
             return read_json(self.storage, path)
         return plan
+
+    def check_owner(self) -> None:
+        """:class:`CheckpointFenced` if a newer owner took the checkpoint over (nothing
+        without an owner). O(owners)."""
+        if self.owner is not None:
+            self.owner.check()
 
     def owns(self) -> bool:
         """Whether this store's owner is still the newest (True without an owner): only
@@ -782,7 +794,9 @@ class StateStore:
     def prune(self, batch_id: int, meta: Mapping[str, Any]) -> None:
         """After the commit ``meta`` of ``batch_id``: drop what no commit will read.
 
-        Kept: the state of ``batch_id`` and of the committed batch before it.
+        Kept: the state of ``batch_id`` and of the committed batch before it,
+        and every fence: a predecessor that froze between its owner check and
+        its commit would otherwise find its batch's first slot free again.
         Dropped: older states, commits and plans, and the other attempts'
         states of ``batch_id`` (crashed or fenced ones: its commit names one).
         Only committed batches are touched, so an attempt still running (one
@@ -794,7 +808,7 @@ class StateStore:
                 self.storage.delete(join(self.state, name))
         for name in self.storage.list_names(self.commits):
             stem = name.split(".")[0]
-            if stem.isdigit() and int(stem) < keep:
+            if stem.isdigit() and int(stem) < keep and not self._is_fence(name):
                 self.storage.delete(join(self.commits, name))
         for name in self.storage.list_names(self.plans):
             stem = name.split(".")[0]

@@ -133,7 +133,13 @@ class BatchRunner:
                 "tampered with"
             )
         fault("batch_start", batch_id)
-        plan, counts = self.process(frame, batch_id)
+        try:
+            plan, counts = self.process(frame, batch_id)
+        except Exception:
+            # A job that froze and woke after a takeover may fail on whatever the new
+            # owner cleaned meanwhile (its own attempt's files): say why, once.
+            self.store.check_owner()
+            raise
         self._report(batch_id, plan, counts, time.perf_counter() - started)
         if self.publish is not None:
             try:
