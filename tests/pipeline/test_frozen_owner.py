@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 from stream_support import compare_with_reference, fresh, subprocess_env, write_rules
-from tickwheel.pipeline.stream.start import read_stream_outputs
 
 from support import kafka_like
 from support.reference import iter_input_lines, run_reference
@@ -35,6 +34,7 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.checkpoint import HEARTBEAT_ENV
+from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

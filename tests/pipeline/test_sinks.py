@@ -114,6 +114,13 @@ def test_only_the_published_attempt_is_read_by_any_spark_reader(spark: Any, tmp_
     published = tmp_path / "out" / "outcomes" / "batch_id=0"
     assert sink.committed_files("outcomes") == sorted(str(p) for p in published.iterdir())
     assert all(named["attempt"] in p.name for p in published.iterdir())
+    import pyarrow.dataset as ds  # the recipe docs/pipeline.md gives pandas and pyarrow users
+
+    without_spark = ds.dataset(sink.committed_files("outcomes"), format="parquet",
+                               partitioning="hive",
+                               partition_base_dir=str(tmp_path / "out" / "outcomes"))  # fmt: skip
+    assert sorted(without_spark.to_table().column("key").to_pylist()) == ["b0", "b1"]
+    assert set(without_spark.to_table().column("batch_id").to_pylist()) == {0}
     more = sink.stage(1, {"outcomes": _frame(spark, 1, "c")}, Attempt.new(2))
     # a file left in a batch's directory by no commit (as an older release's crashed
     # attempt left them) is not read either

@@ -316,6 +316,14 @@ class _Storage:
     out: str
     ck: str
     env: dict[str, str]
+    mount: ViewFs | None = None
+
+    def reader(self, spark: Any) -> Any:
+        """``spark``, able to read the job's URIs: the output's Spark file sink log names
+        its files by the URIs the job wrote them at, as Spark's own sink does."""
+        if self.mount is not None:
+            self.mount.configure(spark)
+        return spark
 
 
 def _job_storage(tmp: Path) -> _Storage:
@@ -326,7 +334,8 @@ def _job_storage(tmp: Path) -> _Storage:
         return _Storage(tmp, str(tmp / "out"), str(tmp / "ck"), {})
     mount = ViewFs(fresh(tmp / "mnt"))
     conf = mount.hadoop_conf_dir(tmp / "hadoop-conf")
-    return _Storage(mount.root, mount.uri("out"), mount.uri("ck"), {"HADOOP_CONF_DIR": str(conf)})
+    env = {"HADOOP_CONF_DIR": str(conf)}
+    return _Storage(mount.root, mount.uri("out"), mount.uri("ck"), env, mount)
 
 
 def _job(
@@ -356,14 +365,14 @@ def _job(
     )
 
 
-def _only_published_batches(spark: Any, out: Path) -> None:
+def _only_published_batches(spark: Any, where: _Storage) -> None:
     """What a plain ``spark.read.parquet`` of each table reads (a downstream job's, a
     notebook's): the published batches' rows, each once, never a killed attempt's."""
-    published = set(ParquetSink(str(out)).committed_batches())
+    published = set(ParquetSink(str(where.local / "out")).committed_batches())
     for table in ("outcomes", "unmatched", "rejected", "late"):
-        if not (out / table).exists():
+        if not (where.local / "out" / table).exists():
             continue
-        frame = spark.read.parquet(str(out / table))
+        frame = where.reader(spark).read.parquet(f"{where.out}/{table}")
         batches = {r[0] for r in frame.select("batch_id").distinct().collect()}
         assert batches <= published, (table, batches, published)
         assert frame.count() == frame.distinct().count(), table
@@ -402,13 +411,13 @@ def test_kafka_like_topic_killed_at_every_fault_point(
                 assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
             faults = (tmp_path / "faults.log").read_text(encoding="utf-8").splitlines()
             assert faults[-1].endswith(f"SIGKILL at {point} of batch {batch}"), faults
-            _only_published_batches(spark, where.local / "out")  # before any restart
+            _only_published_batches(spark, where)  # before any restart
         proc = _job(tmp_path, orders["rules"], None, where)
         assert proc.returncode == 0, proc.stderr[-3000:]
         sink = ParquetSink(str(where.local / "out"))
         committed = sink.committed_batches()
         assert committed == list(range(len(committed)))
-        outs = read_stream_outputs(spark, sink, str(where.local / "ck"))
+        outs = read_stream_outputs(where.reader(spark), checkpoint=where.ck)
         compare_with_reference(outs, orders["ref"])
     if not connect_run():
         watch.check()
