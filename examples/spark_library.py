@@ -74,8 +74,8 @@ def stream(spark: SparkSession, work: Path) -> None:
     if not query.awaitTermination(300):
         query.stop()
         raise SystemExit("the stream did not finish within 300 s")
+    outputs = read_stream_outputs(spark, checkpoint=str(work / "ck"))  # its commits name the sink
     sink = ParquetSink(str(work / "out"))
-    outputs = read_stream_outputs(spark, sink, str(work / "ck"))
     outcomes = outputs["outcomes"]
     assert outcomes is not None
     print("stream batches committed:", sink.committed_batches())

@@ -1,16 +1,20 @@
 """A frozen owner that wakes after another job took its checkpoint over writes nothing read.
 
-Two jobs of a Spark user's stream (the Kafka-like topic's job, which calls
-``start_stream``) share a ``viewfs://`` output and checkpoint, as two hosts of
-a cluster would share ``hdfs://`` or ``s3a://``: each runs in a UTS namespace
-of its own, so each has its own host name (``unshare --uts``), and neither can
-tell whether the other's process lives. Job A freezes (``TICKWHEEL_FAULT=
-POINT:BATCH:stop``: SIGSTOP of its whole process group, its JVM included, as
-a long GC pause, a suspended VM or a network partition would) at one point of
-a batch. Job B takes the checkpoint over once A's heartbeats stop, and runs
-to the end. Then A is woken (SIGCONT): it must stop with the fencing message,
-and the outputs must still equal the reference's, row for row, whether read
-by tickwheel's reader or by a plain ``spark.read.parquet`` of each table.
+Jobs of a Spark user's stream (the Kafka-like topic's job, which calls
+``start_stream``) share a ``viewfs://`` output and checkpoint, as hosts of a
+cluster would share ``hdfs://`` or ``s3a://``: each runs in a UTS namespace of
+its own, so each has its own host name (``unshare --uts``), and none can tell
+whether another's process lives. A job freezes (``TICKWHEEL_FAULT=
+POINT:BATCH:stop``: SIGSTOP of its whole process group, its JVM included, as a
+long GC pause, a suspended VM or a network partition would) at one point of a
+batch; the next job takes the checkpoint over once its heartbeats stop. The
+points are taken in turn along one chain of owners (A freezes at the first,
+B takes over and freezes at the second, C at the third, D runs to the end),
+so each takeover also fences a fence's owner. Then A, B and C are woken
+(SIGCONT): each must stop with the fencing message, which names the newest
+owner (D), and the outputs must still equal the reference's, row for
+row, whether read by tickwheel's reader or by a plain ``spark.read.parquet``
+of each table.
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "kafka_like_job.py"
 TABLES = ("outcomes", "unmatched", "rejected", "late")
-#: Where A freezes, and in which batch: during a table's write (some outputs staged,
-#: the others being written), with everything staged and nothing committed, and
-#: just after it found its batch not committed, before writing anything of it.
-FREEZES = [("mid_batch", 1), ("after_state", 2), ("batch_start", 3)]
+#: Where each job of the chain freezes, and in which batch: during a table's write
+#: (some outputs staged, the others being written), with everything staged and
+#: nothing committed, and just after it found its batch not committed, before
+#: writing anything of it. The last job runs to the end.
+FREEZES = [("hostA", "mid_batch", 1), ("hostB", "after_state", 3), ("hostC", "batch_start", 5)]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +82,7 @@ def _unshare_or_skip() -> None:
 def _command(host: str, tmp: Path, rules: Path, mount: ViewFs) -> list[str]:
     args = [sys.executable, str(JOB), "--topic", str(tmp / "topic"), "--rules", str(rules),
             "--output", mount.uri("out"), "--checkpoint", mount.uri("ck"),
-            "--max-records-per-trigger", "60"]  # fmt: skip
+            "--max-records-per-trigger", "30"]  # fmt: skip
     script = 'hostname "$0" && exec "$@"'
     return ["unshare", "--uts", "sh", "-c", script, host, *args]
 
@@ -85,22 +90,22 @@ def _command(host: str, tmp: Path, rules: Path, mount: ViewFs) -> list[str]:
 def _env(tmp: Path, conf: Path, fault: str | None) -> dict[str, str]:
     env = {**subprocess_env(fault), "HADOOP_CONF_DIR": str(conf)}
     env["TICKWHEEL_FAULT_LOG"] = str(tmp / "faults.log")
-    env[HEARTBEAT_ENV] = "1"  # B takes over after three missed beats: 3 s
+    env[HEARTBEAT_ENV] = "1"  # the next job takes over after three missed beats: 3 s
     return env
 
 
 def _wait_frozen(job: subprocess.Popen[bytes], log: Path, point: str, batch: int) -> None:
-    """Until A's fault log says it stopped itself and its state is ``T`` (stopped)."""
+    """Until the job's fault log says it stopped itself and its state is ``T`` (stopped)."""
     deadline = time.monotonic() + 240
     said = f"SIGSTOP of the process group at {point} of batch {batch}"
     while time.monotonic() < deadline:
-        assert job.poll() is None, f"job A ended before freezing: {job.returncode}"
+        assert job.poll() is None, f"the job ended before freezing: {job.returncode}"
         if log.exists() and said in log.read_text(encoding="utf-8"):
             with open(f"/proc/{job.pid}/stat", encoding="utf-8") as fh:
                 if fh.read().rsplit(")", 1)[1].split()[0] == "T":
                     return
         time.sleep(0.2)
-    raise AssertionError(f"job A did not freeze at {point} of batch {batch} in 240 s")
+    raise AssertionError(f"the job did not freeze at {point} of batch {batch} in 240 s")
 
 
 def _plain_rows(spark: Any, table: str) -> list[tuple[Any, ...]]:
@@ -110,42 +115,49 @@ def _plain_rows(spark: Any, table: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("point", "batch"), FREEZES, ids=[p for p, _ in FREEZES])
-def test_a_frozen_owner_that_wakes_is_fenced(
-    spark: Any, tmp_path: Path, orders: dict[str, Any], point: str, batch: int
+def test_frozen_owners_that_wake_are_fenced(
+    spark: Any, tmp_path: Path, orders: dict[str, Any]
 ) -> None:
     _unshare_or_skip()
     mount = ViewFs(fresh(tmp_path / "mnt"))
     conf = mount.hadoop_conf_dir(tmp_path / "hadoop-conf")
     kafka_like.create_topic(tmp_path / "topic", 3)
     kafka_like.append(tmp_path / "topic", orders["lines"])
-    err_path = tmp_path / "a.err"  # a file, not a pipe: its JVM may outlive it a moment
-    with open(err_path, "wb") as err_file:
-        frozen = subprocess.Popen(
-            _command("hostA", tmp_path, orders["rules"], mount),
-            env=_env(tmp_path, conf, f"{point}:{batch}:stop"),
-            stdout=subprocess.DEVNULL,
-            stderr=err_file,
-            start_new_session=True,  # its own process group, which it stops
-        )
+    frozen: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
-        _wait_frozen(frozen, tmp_path / "faults.log", point, batch)
-        takeover = subprocess.run(
-            _command("hostB", tmp_path, orders["rules"], mount),
+        for host, point, batch in FREEZES:
+            err = tmp_path / f"{host}.err"  # a file, not a pipe: a JVM may outlive its job
+            with open(err, "wb") as err_file:
+                job = subprocess.Popen(
+                    _command(host, tmp_path, orders["rules"], mount),
+                    env=_env(tmp_path, conf, f"{point}:{batch}:stop"),
+                    stdout=subprocess.DEVNULL,
+                    stderr=err_file,
+                    start_new_session=True,  # its own process group, which it stops
+                )
+            frozen.append((job, err))
+            _wait_frozen(job, tmp_path / "faults.log", point, batch)
+        last = subprocess.run(
+            _command("hostD", tmp_path, orders["rules"], mount),
             env=_env(tmp_path, conf, None), capture_output=True, text=True, timeout=300,
             check=False,
         )  # fmt: skip
-        assert takeover.returncode == 0, takeover.stderr[-3000:]
-        os.killpg(frozen.pid, signal.SIGCONT)
-        frozen.wait(timeout=180)
+        assert last.returncode == 0, last.stderr[-3000:]
+        for job, _ in frozen:
+            os.killpg(job.pid, signal.SIGCONT)
+        for job, _ in frozen:
+            job.wait(timeout=180)
     finally:
-        if frozen.poll() is None:
-            os.killpg(frozen.pid, signal.SIGKILL)
-            frozen.wait(timeout=60)
-    message = err_path.read_text(encoding="utf-8", errors="replace")
-    assert frozen.returncode != 0, message[-3000:]
-    assert "was taken over by token 2 on host hostB" in message, message[-3000:]
-    assert "stops without writing again" in message
+        for job, _ in frozen:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait(timeout=60)
+    for token, (job, err) in enumerate(frozen, start=1):  # each names the newest owner
+        message = err.read_text(encoding="utf-8", errors="replace")
+        assert job.returncode != 0, message[-3000:]
+        fenced = (f"was taken over by token 4 on host hostD; this job (token {token}) stops "
+                  "without writing again")  # fmt: skip
+        assert fenced in message, message[-3000:]
     mount.configure(spark)  # this session reads the jobs' URIs too
     sink = ParquetSink(mount.uri("out"), spark)
     compare_with_reference(read_stream_outputs(spark, sink, mount.uri("ck")), orders["ref"])

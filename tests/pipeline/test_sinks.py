@@ -169,6 +169,27 @@ def test_sqlite_sink_round_trip(spark: Any, tmp_path: Path) -> None:
     _round_trip(spark, SqliteSink(f"jdbc:sqlite:{tmp_path / 'out.db'}"))
 
 
+def test_sqlite_sink_copies_only_the_named_attempts_rows(spark: Any, tmp_path: Path) -> None:
+    """Two attempts staged for one batch (a crashed or fenced one, and the one a commit
+    names), in either order: the commit copies the named one's rows, and drops every
+    staged row of the batch; the other's rows never reach the tables."""
+    sink = SqliteSink(f"jdbc:sqlite:{tmp_path / 'out.db'}")
+    named = sink.stage(0, {"outcomes": _frame(spark, 2, "b")}, Attempt.new(2))
+    other = sink.stage(0, {"outcomes": _frame(spark, 3, "a")}, Attempt.new(1))
+    assert named["attempt"] != other["attempt"]
+    assert sink.commit(0, named) is True
+    back = sink.read_table(spark, "outcomes")
+    assert back is not None and sorted(r.key for r in back.collect()) == ["b0", "b1"]
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "out.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM stage_outcomes").fetchone() == (0,)
+        row_counts = db.execute("SELECT row_counts FROM tickwheel_batches").fetchone()[0]
+    assert json.loads(row_counts) == {"outcomes": 2}
+    assert sink.commit(0, other) is False  # the batch is published: never a second copy
+    assert sorted(r.key for r in sink.read_table(spark, "outcomes").collect()) == ["b0", "b1"]  # type: ignore[union-attr]
+
+
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Any]:
     """A throw-away PostgreSQL server on 127.0.0.1 (Debian's package), stopped after."""

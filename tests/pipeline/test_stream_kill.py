@@ -21,7 +21,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,9 @@ from tickwheel.pipeline.stream.start import read_stream_outputs
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 #: (point, batch) of each killed run of the Parquet sink's job, in order; every run but
-#: the last dies. Batch 1 dies twice: its replay is killed again, later in the batch.
-PARQUET_KILLS = [("after_outputs", 1), ("after_state", 1)]
+#: the last dies. Batch 1 dies twice: its replay is killed again, later in the batch;
+#: batch 3 dies once committed, before its outputs are published.
+PARQUET_KILLS = [("after_outputs", 1), ("after_state", 1), ("after_commit", 3)]
 #: The same for the PostgreSQL sink: staged rows left, then rows committed before
 #: Spark's own commit log.
 POSTGRES_KILLS = [("mid_batch", 0), ("after_sink_commit", 2)]
@@ -87,22 +88,50 @@ def _stream_args(tmp: Path, extra: list[str]) -> tuple[list[str], Any, list[Path
 
 
 def _kill_and_restart(
-    tmp: Path, extra: list[str], kills: list[tuple[str, int]]
-) -> tuple[Path, Any]:
-    args, ref, _ = _stream_args(tmp, extra)
+    tmp: Path,
+    extra: list[str],
+    kills: list[tuple[str, int]],
+    after_kill: Callable[[str, int, list[Path]], None] | None = None,
+) -> tuple[Path, Any, subprocess.CompletedProcess[str]]:
+    """The job killed at each of ``kills`` in turn (``after_kill(point, batch, files)``
+    looks at what each left), then run to the end: its reference and last run."""
+    args, ref, files = _stream_args(tmp, extra)
     assert {p for p, _ in kills} <= set(FAULT_POINTS)
     for point, batch in kills:
         proc = _run(args, f"{point}:{batch}")
         assert proc.returncode == -signal.SIGKILL, (point, batch, proc.stderr[-3000:])
         assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
+        if after_kill is not None:
+            after_kill(point, batch, files)
     proc = _run(args, None)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return tmp, ref
+    return tmp, ref, proc
 
 
 def test_kill_and_restart_parquet_sink(spark: Any, tmp_path: Path) -> None:
-    """Two SIGKILLs, then a clean run: exactly the uninterrupted outputs."""
-    tmp, ref = _kill_and_restart(tmp_path, ["--sink", "parquet"], PARQUET_KILLS)
+    """Three SIGKILLs, then a clean run: exactly the uninterrupted outputs.
+
+    Killed after the checkpoint committed batch 3 and before the sink
+    published it, ``read_stream_outputs``, given the checkpoint alone, reads
+    what batches 0 to 2 and their own state make (a batch run over their
+    three files), never batch 3's outcomes beside batch 2's pending rows; the
+    restart publishes batch 3, once."""
+    rules = tmp_path / "rules.toml"
+
+    def between_commit_and_publication(point: str, batch: int, files: list[Path]) -> None:
+        if point != "after_commit":
+            return
+        assert ParquetSink(str(tmp_path / "out")).committed_batches() == list(range(batch))
+        before = run_reference(
+            (line for f in files[:batch] for line in iter_input_lines(f)), load_rules(rules)
+        )
+        outs = read_stream_outputs(spark, checkpoint=str(tmp_path / "ck"))
+        compare_with_reference(outs, before)
+
+    tmp, ref, last = _kill_and_restart(
+        tmp_path, ["--sink", "parquet"], PARQUET_KILLS, between_commit_and_publication
+    )
+    assert "batch 3: already committed; its outputs published now" in last.stdout
     sink = ParquetSink(str(tmp / "out"))
     assert sink.committed_batches() == [0, 1, 2, 3, 4]
     compare_with_reference(read_stream_outputs(spark, sink, str(tmp / "ck")), ref)
@@ -124,30 +153,10 @@ def postgres() -> Iterator[Any]:
 def test_kill_and_restart_postgres_sink(spark: Any, tmp_path: Path, postgres: Any) -> None:
     """The same with the PostgreSQL sink: one transaction per batch, replays are no-ops."""
     url = postgres.jdbc_url
-    tmp, ref = _kill_and_restart(
+    tmp, ref, _ = _kill_and_restart(
         tmp_path, ["--sink", "postgresql", "--jdbc-url", url], POSTGRES_KILLS
     )
     sink = PostgresSink(url, spark)
     assert sink.committed_batches() == [0, 1, 2, 3, 4]
     assert postgres.psql("SELECT count(*) FROM tickwheel_batches").strip() == "5"
     compare_with_reference(read_stream_outputs(spark, sink, str(tmp / "ck")), ref)
-
-
-def test_outputs_read_between_a_commit_and_its_publication(spark: Any, tmp_path: Path) -> None:
-    """Killed after the checkpoint committed batch 2 and before the sink published it:
-    ``read_stream_outputs``, given the checkpoint alone, reads what batches 0 and 1
-    and their own state make (a batch run over their two files), never batch 2's
-    outcomes beside batch 1's pending rows; the restart publishes batch 2, once."""
-    args, ref, files = _stream_args(tmp_path, ["--sink", "parquet"])
-    proc = _run(args, "after_commit:2")
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert ParquetSink(str(tmp_path / "out")).committed_batches() == [0, 1]
-    first_two = run_reference(
-        (line for f in files[:2] for line in iter_input_lines(f)),
-        load_rules(tmp_path / "rules.toml"),
-    )
-    compare_with_reference(read_stream_outputs(spark, checkpoint=str(tmp_path / "ck")), first_two)
-    proc = _run(args, None)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "batch 2: already committed; its outputs published now" in proc.stdout
-    compare_with_reference(read_stream_outputs(spark, checkpoint=str(tmp_path / "ck")), ref)
