@@ -208,7 +208,8 @@ class ParquetSink:
         for batch_id in self.committed_batches():
             if batch_id < before:
                 for path, size, mtime in self.storage.list_files(self._batch_dir(table, batch_id)):
-                    if path.endswith(".parquet") and "/." not in path and "/_" not in path:
+                    name = path.rstrip("/").rsplit("/", 1)[-1]
+                    if name.endswith(".parquet") and not name.startswith((".", "_")):
                         files.append(SinkFile(self.storage.uri(path), size, mtime))
         return files
 

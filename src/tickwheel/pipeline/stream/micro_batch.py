@@ -242,7 +242,8 @@ class MicroBatch:
                 )
                 for name, frame in next_state.items()
             ]
-            if not sink.is_committed(batch_id):  # published by a release before fencing
+            # An older release's sink committed before its checkpoint did: published.
+            if not sink.is_committed(batch_id):
                 staged = sink.stage(
                     batch_id,
                     tables,
@@ -266,7 +267,7 @@ class MicroBatch:
 
 def sink_location(sink: BatchSink) -> dict[str, Any]:
     """What the commit records of where its sink is, so that its outputs can be read
-    without building the sink again (:func:`.job.read_stream_outputs`). O(1)."""
+    without building the sink again (:func:`.start.read_stream_outputs`). O(1)."""
     locate = getattr(sink, "location", None)
     return dict(locate()) if callable(locate) else {"name": getattr(sink, "name", "?")}
 

@@ -16,28 +16,28 @@ Two entry points build the same Structured Streaming query, whose
 
 Spark checkpoints what each micro-batch took (``CK/spark/``); tickwheel's
 state is beside it (``CK/tickwheel/``, :mod:`.checkpoint`). Micro-batch ``N``
-(:mod:`.micro_batch`):
+(:mod:`.runner`, :mod:`.micro_batch`):
 
-1. skips itself if ``commits/N.json`` exists (committed before a crash that
-   came before Spark's own commit log); refuses to run if a later one exists;
+1. if it is committed already (a crash came before Spark's own commit log),
+   publishes its outputs if they still wait, and skips itself; refuses to run
+   if a later one is committed;
 2. writes (once) or re-reads its plan ``plans/N.json``: its processing time
    for the far-future guard (and its files), so a replay decides the same;
 3. runs the step on its records with the state of the latest committed batch;
-4. commits: outputs staged in the sink and, at the same time, the next state
-   written in ``state/N/`` (after deleting what a failed attempt left there);
-   then the sink's commit (idempotent per batch id), and finally one new
-   file, ``commits/N.json``, after checking that this job still owns the
-   checkpoint: the commit point.
+4. stages its outputs in the sink and its next state in ``state/N/<attempt>/``,
+   under names of the attempt's own; then commits: one new file in the
+   batch's commit slot, fenced (a newer owner's fence stops a job that froze),
+   that names the attempt; then the sink publishes what the commit named.
 
 No step renames a directory or overwrites a file a reader may see, so the
 checkpoint and the Parquet sink may be at any URI Spark writes
 (:mod:`..storage`), on a classic session.
 
 A micro-batch that Spark replays after a crash recomputes from the same
-records and the same state and gets the same rows; the sink replaces
-(Parquet) or skips (SQLite, PostgreSQL) its own earlier copy. See
-``docs/pipeline.md``. Fault injection (tests): ``TICKWHEEL_FAULT=POINT:BATCH``
-kills the driver with SIGKILL at ``POINT`` of micro-batch ``BATCH``
+records and the same state and gets the same rows, under new names; what no
+commit names is never read. See ``docs/pipeline-design.md``, "Commit
+protocol". Fault injection (tests): ``TICKWHEEL_FAULT=POINT:BATCH`` kills the
+driver with SIGKILL at ``POINT`` of micro-batch ``BATCH``
 (:data:`~.checkpoint.FAULT_POINTS`).
 """
 
