@@ -33,8 +33,9 @@ Sinks:
   ...)`` row: results and offsets in one transaction, so a replayed batch is a no-op.
 
 The package keeps one module per sink beside the contract they share:
-:mod:`.base` (:class:`BatchSink`, :class:`SinkError`, :func:`make_sink`,
-:func:`as_sink`, :func:`reopen_sink`), :mod:`.function` (:class:`FunctionSink`),
+:mod:`.base` (:class:`BatchSink`, :class:`SinkError`), :mod:`.make`
+(:func:`make_sink`, :func:`as_sink`, :func:`reopen_sink`), :mod:`.function`
+(:class:`FunctionSink`),
 :mod:`.parquet` and :mod:`.file_sink_log` (Spark's file sink log), :mod:`.jdbc`
 (what the two JDBC sinks share, and the driver jars), :mod:`.sqlite`,
 :mod:`.postgres` (and its pg8000 connection) and :mod:`.credentials` (the
@@ -60,15 +61,7 @@ options, so a cluster's workers need no password file of their own.
 
 from __future__ import annotations
 
-from .base import (
-    BATCH_ID,
-    BatchSink,
-    SinkError,
-    SinkFunction,
-    as_sink,
-    make_sink,
-    reopen_sink,
-)
+from .base import BATCH_ID, BatchSink, SinkError, SinkFunction
 from .credentials import (
     PasswordFileWarning,
     PostgresCredentials,
@@ -79,6 +72,7 @@ from .credentials import (
 from .file_sink_log import FileSinkLog
 from .function import FunctionSink
 from .jdbc import jdbc_jars, spark_jdbc_conf
+from .make import as_sink, make_sink, reopen_sink
 from .parquet import ParquetSink
 from .postgres import PostgresSink
 from .sqlite import SqliteSink

@@ -1,12 +1,11 @@
 """The sinks' shared contract: the :class:`BatchSink` protocol, its errors and its builders.
 
-Importing this module imports no sink: :func:`make_sink` and :func:`as_sink`
-import the sink classes when they are called.
+Every sink's module imports this one, and this one imports no sink; the
+functions that choose a sink are in :mod:`.make`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,9 +23,6 @@ __all__ = [
     "BatchSink",
     "SinkError",
     "SinkFunction",
-    "as_sink",
-    "make_sink",
-    "reopen_sink",
 ]
 
 #: The column every sink adds to every table: the micro-batch id.
@@ -87,15 +83,6 @@ class BatchSink(Protocol):
 SinkFunction = Callable[[Mapping[str, "DataFrame"], int], object]
 
 
-def as_sink(sink: BatchSink | SinkFunction) -> BatchSink:
-    """``sink`` if it is a :class:`BatchSink`, else a :class:`FunctionSink` of it. O(1)."""
-    if all(hasattr(sink, name) for name in ("stage", "commit", "is_committed")):
-        return sink  # type: ignore[return-value]
-    from .function import FunctionSink
-
-    return FunctionSink(sink)  # type: ignore[arg-type]
-
-
 def _write_empty_parquet(storage: Storage, directory: str, schema: StructType) -> None:
     """A new table directory holding one Parquet file of ``schema`` and no rows. O(columns)."""
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -105,49 +92,3 @@ def _write_empty_parquet(storage: Storage, directory: str, schema: StructType) -
 
     empty = pa.Table.from_batches([], schema=to_arrow_schema(schema))
     write_arrow_parquet(empty, directory, storage)
-
-
-def reopen_sink(location: Mapping[str, Any], spark: SparkSession | None = None) -> BatchSink | None:
-    """The sink a checkpoint's commit recorded (a sink's ``location()``), opened again;
-    None for a function's sink, whose rows are where the function put them. O(1)."""
-    from .parquet import ParquetSink
-    from .postgres import PostgresSink
-    from .sqlite import SqliteSink
-
-    name, prefix = location.get("name"), str(location.get("prefix") or "")
-    if name == "parquet":
-        return ParquetSink(str(location["output"]), spark)
-    if name == "sqlite":
-        return SqliteSink(str(location["url"]), prefix=prefix)
-    if name == "postgresql":
-        return PostgresSink(str(location["url"]), prefix=prefix)
-    if name == "function":
-        return None
-    raise SinkError(
-        f"the checkpoint's outputs are in a sink this release cannot open ({name!r}): pass the sink"
-    )
-
-
-def make_sink(kind: str, output: str, spark: SparkSession, *, url: str | None = None) -> BatchSink:
-    """Build the sink named ``kind`` (parquet, sqlite or postgresql). O(1).
-
-    ``output`` is the output directory (parquet) and the default home of the
-    SQLite file (``OUT/tickwheel.db``); ``url`` overrides the JDBC URL. For
-    PostgreSQL it is required unless ``PGHOST``/``PGPORT``/``PGDATABASE`` say
-    where the server is; the password is best left out of it
-    (:func:`postgres_credentials`). No sink keeps ``spark``: their commits need
-    no session (it stays a parameter for the callers).
-    """
-    from .parquet import ParquetSink
-    from .postgres import PostgresSink
-    from .sqlite import SqliteSink
-
-    if kind == "parquet":
-        return ParquetSink(output, spark)
-    if kind == "sqlite":
-        return SqliteSink(
-            url or f"jdbc:sqlite:{os.path.join(os.path.abspath(output), 'tickwheel.db')}"
-        )
-    if kind in ("postgresql", "postgres"):
-        return PostgresSink(url)
-    raise SinkError(f"unknown sink {kind!r}: choose parquet, sqlite or postgresql")
