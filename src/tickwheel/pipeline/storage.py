@@ -50,6 +50,7 @@ __all__ = [
     "absolute",
     "create_json",
     "fsync_directory",
+    "is_data_file",
     "is_uri",
     "join",
     "local_path",
@@ -67,6 +68,13 @@ class StorageError(RuntimeError):
 def is_uri(path: str) -> bool:
     """Whether ``path`` names a scheme (``s3a://b/k``, ``file:/x``), as Hadoop reads it. O(1)."""
     return _SCHEME.match(path) is not None
+
+
+def is_data_file(name: str) -> bool:
+    """Whether a file named ``name`` is a Parquet data file of a table, as Spark's
+    readers take them: ``*.parquet``, not hidden (``.``/``_``: temporary files,
+    checksums, ``_SUCCESS``). O(len)."""
+    return name.endswith(".parquet") and not name.startswith((".", "_"))
 
 
 def local_path(path: str) -> str:
@@ -194,7 +202,7 @@ class LocalStorage:
         return sum(
             pq.read_metadata(os.path.join(directory, name)).num_rows
             for name in os.listdir(directory)
-            if name.endswith(".parquet") and not name.startswith((".", "_"))
+            if is_data_file(name)
         )
 
     def delete(self, path: str) -> None:
@@ -356,7 +364,7 @@ class HadoopStorage:
         jvm = self._jvm
         total = 0
         for name in self.list_names(directory):
-            if not name.endswith(".parquet") or name.startswith((".", "_")):
+            if not is_data_file(name):
                 continue
             jpath, _ = self._path(join(directory, name))
             source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(jpath, self._conf)

@@ -99,18 +99,18 @@ class FileSinkLog:
         """Whether the table has a log (then Spark's readers read only what it names)."""
         return self.storage.exists(self.directory)
 
-    def _read(self, batch_id: int) -> list[str]:
-        """The URIs of one log file's entries (FileNotFoundError if missing). O(entries)."""
+    def _entries(self, batch_id: int) -> list[str]:
+        """One log file's entry lines, its version checked (FileNotFoundError if
+        missing). O(entries)."""
         lines = self.storage.read_bytes(self._path(batch_id)).decode("utf-8").split("\n")
         if not lines or lines[0] != _VERSION:
             raise ValueError(f"{self._path(batch_id)}: not a version 1 file sink log")
-        uris = []
-        for line in lines[1:]:
-            if line.strip():
-                entry = json.loads(line)
-                if entry.get("action", "add") == "add":
-                    uris.append(str(entry["path"]))
-        return uris
+        return [line for line in lines[1:] if line.strip()]
+
+    def _read(self, batch_id: int) -> list[str]:
+        """The URIs one log file adds. O(entries)."""
+        entries = (json.loads(line) for line in self._entries(batch_id))
+        return [str(e["path"]) for e in entries if e.get("action", "add") == "add"]
 
     def files(self) -> list[str]:
         """Every committed file's URI, as Spark's readers take them: the newest batch's
@@ -154,8 +154,7 @@ class FileSinkLog:
         """The entries of the batches a compaction at ``batch_id`` replaces, as lines."""
         lines: list[str] = []
         for earlier in range(max(0, batch_id - COMPACT_INTERVAL), batch_id):
-            text = self.storage.read_bytes(self._path(earlier)).decode("utf-8")
-            lines.extend(line for line in text.split("\n")[1:] if line.strip())
+            lines.extend(self._entries(earlier))
         return lines
 
     def _start(self, batch_id: int, files: Sequence[SinkFile], earlier: Sequence[SinkFile]) -> bool:

@@ -12,6 +12,7 @@ from ..storage import (
     StorageError,
     absolute,
     create_json,
+    is_data_file,
     is_uri,
     join,
     local_path,
@@ -139,11 +140,7 @@ class ParquetSink:
         return {"attempt": attempt.tag, "tables": files}
 
     def _parquet_names(self, directory: str) -> list[str]:
-        return sorted(
-            n
-            for n in self.storage.list_names(directory)
-            if n.endswith(".parquet") and not n.startswith((".", "_"))
-        )
+        return sorted(n for n in self.storage.list_names(directory) if is_data_file(n))
 
     def commit(self, batch_id: int, staged: Mapping[str, Any] | None) -> bool:
         """Publish the files a commit named (``staged``, from :meth:`stage`): each moved to
@@ -208,8 +205,7 @@ class ParquetSink:
         for batch_id in self.committed_batches():
             if batch_id < before:
                 for path, size, mtime in self.storage.list_files(self._batch_dir(table, batch_id)):
-                    name = path.rstrip("/").rsplit("/", 1)[-1]
-                    if name.endswith(".parquet") and not name.startswith((".", "_")):
+                    if is_data_file(path.rstrip("/").rsplit("/", 1)[-1]):
                         files.append(SinkFile(self.storage.uri(path), size, mtime))
         return files
 

@@ -681,10 +681,8 @@ class StateStore:
     def owns(self) -> bool:
         """Whether this store's owner is still the newest (True without an owner): only
         the owner cleans. O(owners)."""
-        if self.owner is None:
-            return True
         try:
-            self.owner.check()
+            self.check_owner()
         except StreamError:
             return False
         return True
@@ -699,6 +697,11 @@ class StateStore:
             "format": STATE_FORMAT,
             "tickwheel": __version__,
         }
+
+    def _create_fence(self, path: str) -> None:
+        """This owner's fence, a new file at the free slot ``path`` (FileExistsError if
+        a commit or another fence came first). O(1) calls."""
+        create_json(self.storage, path, {"fence": True, "token": self.token, **self._stamp()})
 
     def _fenced(self, token: int, host: str | None) -> CheckpointFenced:
         if self.owner is not None:
@@ -723,8 +726,7 @@ class StateStore:
             if fence["token"] > self.token:
                 raise self._fenced(int(fence["token"]), fence.get("host"))
             with contextlib.suppress(FileExistsError):  # an older owner's fence: ours on it
-                create_json(self.storage, path, {"fence": True, "token": self.token,
-                                                 **self._stamp()})  # fmt: skip
+                self._create_fence(path)
 
     def fence(self) -> int:
         """Fence the first batch not committed, which a predecessor that froze may still
@@ -743,8 +745,7 @@ class StateStore:
                     return batch_id
                 raise self._fenced(int(fence["token"]), fence.get("host"))
             try:
-                create_json(self.storage, path, {"fence": True, "token": self.token,
-                                                 **self._stamp()})  # fmt: skip
+                self._create_fence(path)
             except FileExistsError:  # a commit or a fence came first: look again
                 continue
             return batch_id
@@ -754,8 +755,7 @@ class StateStore:
         the owner's check. It records the owner's token and host, the state format,
         the release and the time besides ``meta`` (which names the attempt); the
         record is returned. :class:`CheckpointFenced` if a newer owner took over."""
-        if self.owner is not None:
-            self.owner.check()
+        self.check_owner()
         record = {**meta, **self._stamp(), "committed_at_ms": int(time.time() * 1000)}
         while True:
             path = self._claim(batch_id)
@@ -766,24 +766,19 @@ class StateStore:
             return record
 
     def check_format(self) -> None:
-        """Refuse (:class:`StreamError`) a checkpoint whose last commit is in a state format
-        newer than this release reads. O(1) calls."""
+        """Refuse (:class:`StreamError`) a checkpoint whose last commit, or a fence past
+        it, is in a state format newer than this release reads. O(1) calls."""
         from ... import __version__
 
         committed = self.committed()
+        records = [self.meta(committed[-1])] if committed else []
         newest = max(self._slot_ids(), default=None)
-        if newest is not None and newest not in committed:  # a fence: its format counts too
-            _, _, fence = self._resolve(newest)
-            if fence is not None and fence.get("format", 1) > STATE_FORMAT:
-                committed = [*committed, newest]
-        if not committed:
-            return
-        try:
-            meta = self.meta(committed[-1])
-        except FileNotFoundError:  # only a fence of a newer release
-            meta = self._resolve(committed[-1])[2] or {}
-        found = meta.get("format", 1)
-        if not isinstance(found, int) or found > STATE_FORMAT:
+        if newest is not None and newest not in committed:  # a fence past the last commit
+            records.append(self._resolve(newest)[2] or {})
+        for meta in records:
+            found = meta.get("format", 1)
+            if isinstance(found, int) and found <= STATE_FORMAT:
+                continue
             raise StreamError(
                 f"checkpoint {_checkpoint_of(self.root)}: its state is in format {found!r}, "
                 f"written by tickwheel {meta.get('tickwheel', '?')}; tickwheel {__version__} "

@@ -31,6 +31,7 @@ from ..storage import (
     Storage,
     StorageError,
     absolute,
+    is_data_file,
     is_uri,
     join,
     local_path,
@@ -214,11 +215,7 @@ def _parquet_files(directory: str) -> list[str]:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
         return []
-    return [
-        os.path.join(directory, n)
-        for n in names
-        if n.endswith(".parquet") and not n.startswith((".", "_"))
-    ]
+    return [os.path.join(directory, n) for n in names if is_data_file(n)]
 
 
 def _local_state(state: str, watermark: int | None) -> tuple[Pending, int, int, int]:
