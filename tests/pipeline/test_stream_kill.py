@@ -33,25 +33,32 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink, PostgresSink
 from tickwheel.pipeline.stream.checkpoint import FAULT_POINTS
+from tickwheel.pipeline.stream.resident import SNAPSHOT_EVERY_ENV
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 # Four driver starts per test (three killed runs, one clean): a JVM each; generous
 # bound for shared, loaded CI machines.
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
 
+#: A snapshot of the state every K = 3 commits: batches 0 and 3 commit the whole
+#: state, 1, 2 and 4 its changelog (``stream/resident.py``); ``test_sources.py``
+#: kills its job at each point of the other kind.
+SNAPSHOT_EVERY = "3"
 #: (point, batch) of each killed run of the Parquet sink's job, in order; every run but
-#: the last dies. Batch 1 dies twice: its replay is killed again, later in the batch;
-#: batch 3 dies once committed, before its outputs are published.
-PARQUET_KILLS = [("after_outputs", 1), ("after_state", 1), ("after_commit", 3)]
-#: The same for the PostgreSQL sink: staged rows left, then rows committed before
-#: Spark's own commit log.
+#: the last dies. Batch 0's snapshot dies with the outputs staged; batch 1's replay
+#: dies again with its changelog written, not committed; batch 3 dies once committed,
+#: before its outputs are published; at the end, the job dies writing batch 4's state
+#: whole beside its changelog.
+PARQUET_KILLS = [("after_outputs", 0), ("after_state", 1), ("after_commit", 3), ("mid_snapshot", 4)]
+#: The same for the PostgreSQL sink: staged rows left (a snapshot's batch), then rows
+#: committed before Spark's own commit log (a changelog's batch).
 POSTGRES_KILLS = [("mid_batch", 0), ("after_sink_commit", 2)]
 
 
 def _run(args: list[str], fault: str | None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tickwheel.pipeline.stream", *args],
-        env=subprocess_env(fault),
+        env={**subprocess_env(fault), SNAPSHOT_EVERY_ENV: SNAPSHOT_EVERY},
         capture_output=True,
         text=True,
         timeout=240,
@@ -92,46 +99,50 @@ def _kill_and_restart(
     extra: list[str],
     kills: list[tuple[str, int]],
     after_kill: Callable[[str, int, list[Path]], None] | None = None,
-) -> tuple[Path, Any, subprocess.CompletedProcess[str]]:
+) -> tuple[Path, Any, list[subprocess.CompletedProcess[str]]]:
     """The job killed at each of ``kills`` in turn (``after_kill(point, batch, files)``
-    looks at what each left), then run to the end: its reference and last run."""
+    looks at what each left), then run to the end: its reference and every run."""
     args, ref, files = _stream_args(tmp, extra)
     assert {p for p, _ in kills} <= set(FAULT_POINTS)
+    runs = []
     for point, batch in kills:
         proc = _run(args, f"{point}:{batch}")
+        runs.append(proc)
         assert proc.returncode == -signal.SIGKILL, (point, batch, proc.stderr[-3000:])
         assert f"SIGKILL at {point} of batch {batch}" in proc.stderr
         if after_kill is not None:
             after_kill(point, batch, files)
     proc = _run(args, None)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return tmp, ref, proc
+    return tmp, ref, [*runs, proc]
 
 
 def test_kill_and_restart_parquet_sink(spark: Any, tmp_path: Path) -> None:
-    """Three SIGKILLs, then a clean run: exactly the uninterrupted outputs.
+    """Four SIGKILLs, then a clean run: exactly the uninterrupted outputs.
 
     Killed after the checkpoint committed batch 3 and before the sink
     published it, ``read_stream_outputs``, given the checkpoint alone, reads
     what batches 0 to 2 and their own state make (a batch run over their
-    three files), never batch 3's outcomes beside batch 2's pending rows; the
-    restart publishes batch 3, once."""
+    three files; batch 2's state is its changelogs applied to batch 0's),
+    never batch 3's outcomes beside batch 2's pending rows; the restart
+    publishes batch 3, once. Killed while writing batch 4's state whole at the
+    end, the checkpoint still reads batch 4's state from its changelog."""
     rules = tmp_path / "rules.toml"
 
-    def between_commit_and_publication(point: str, batch: int, files: list[Path]) -> None:
-        if point != "after_commit":
+    def after_kill(point: str, batch: int, files: list[Path]) -> None:
+        if point not in ("after_commit", "mid_snapshot"):
             return
-        assert ParquetSink(str(tmp_path / "out")).committed_batches() == list(range(batch))
+        done = batch + 1 if point == "mid_snapshot" else batch
+        assert ParquetSink(str(tmp_path / "out")).committed_batches() == list(range(done))
         before = run_reference(
-            (line for f in files[:batch] for line in iter_input_lines(f)), load_rules(rules)
+            (line for f in files[:done] for line in iter_input_lines(f)), load_rules(rules)
         )
         outs = read_stream_outputs(spark, checkpoint=str(tmp_path / "ck"))
         compare_with_reference(outs, before)
 
-    tmp, ref, last = _kill_and_restart(
-        tmp_path, ["--sink", "parquet"], PARQUET_KILLS, between_commit_and_publication
-    )
-    assert "batch 3: already committed; its outputs published now" in last.stdout
+    tmp, ref, runs = _kill_and_restart(tmp_path, ["--sink", "parquet"], PARQUET_KILLS, after_kill)
+    rolled = "batch 3: already committed; its outputs published now"
+    assert [rolled in run.stdout for run in runs] == [False, False, False, True, False]
     sink = ParquetSink(str(tmp / "out"))
     assert sink.committed_batches() == [0, 1, 2, 3, 4]
     compare_with_reference(read_stream_outputs(spark, sink, str(tmp / "ck")), ref)

@@ -40,6 +40,7 @@ __all__ = [
     "late_table",
     "next_events",
     "next_ops",
+    "ops_changes",
     "outcome_table",
     "read_latencies",
     "rejected_table",
@@ -136,6 +137,21 @@ def next_ops(rows: DataFrame) -> DataFrame:
     return _kind(rows, "pending", "expired").selectExpr(
         "kind", "rule", "key", "id AS event_id", "`time`", "deadline"
     )
+
+
+def ops_changes(rows: DataFrame) -> dict[str, DataFrame]:
+    """The carried operations' changes, in :func:`next_ops`' columns: ``ops.added``,
+    the rows the processor made (not those it passed through ``unchanged``), and
+    ``ops.removed``, the carried rows it took in (``replaced``). Filters of
+    ``rows``: no join with the state before. Lazy."""
+    return {
+        "ops.added": _kind(rows, "pending", "expired")
+        .where("unchanged IS NULL")
+        .selectExpr("kind", "rule", "key", "id AS event_id", "`time`", "deadline"),
+        "ops.removed": _kind(rows, "replaced").selectExpr(
+            "state_kind AS kind", "rule", "key", "id AS event_id", "`time`", "deadline"
+        ),
+    }
 
 
 def read_latencies(stats: dict[str, Any], blob: bytes) -> dict[str, array[int]]:

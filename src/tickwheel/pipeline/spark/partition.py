@@ -9,8 +9,11 @@ watermark (``start_ms``; none for a batch run) to the new one, W:
 1. its rows are split into events and carried state (:data:`IN_COLUMNS`;
    ``state_kind`` is null for an event);
 2. state this run cannot change is carried straight to the output as Arrow
-   columns (:func:`_untouched_state`): a key's expiry marker, or a pending
-   operation due after W, whose (rule, key) has no event here;
+   columns, marked ``unchanged`` (:func:`_untouched_state`): a key's expiry
+   marker, or a pending operation due after W, whose (rule, key) has no event
+   here; a stream's run also gives the rest of the state back as ``replaced``
+   rows, so that its next state's changes are filters of these rows
+   (:func:`.outputs.ops_changes`);
 3. the rest of the state seeds the processor, and the events, sorted by
    (time, sequence, event id, rule) in Arrow, go through it in slices; events
    above W are held (``buffered``);
@@ -87,6 +90,8 @@ OUT_COLUMNS = (
     ("reason", "string"),
     ("seq", "long"),
     ("stats", "binary"),
+    ("unchanged", "boolean"),  # a carried state row passed through as it came
+    ("state_kind", "string"),  # a ``replaced`` row's kind as it came
 )
 OUT_DDL = ", ".join(f"{name} {kind}" for name, kind in OUT_COLUMNS)
 
@@ -135,10 +140,10 @@ def run_partition_in_driver(
     """
     import pyarrow as pa
 
-    from .frames import empty_frame
+    from .frames import empty_frame, to_arrow
 
     run = partition_function(rules, start_ms, watermark_ms, markers=markers)
-    batches = list(run(iter(inputs.toArrow().to_batches())))
+    batches = list(run(iter(to_arrow(inputs).to_batches())))
     if not batches:
         return empty_frame(inputs.sparkSession, OUT_DDL)
     return inputs.sparkSession.createDataFrame(pa.Table.from_batches(batches))
@@ -241,6 +246,8 @@ def _process(
             carried = carried.filter(pc.not_equal(carried["state_kind"], STATE_EXPIRED))
         out.carried(carried)
         state_rows = state_rows.filter(pc.invert(untouched))
+        if markers:  # a stream's next state: its changes say which rows it replaced
+            out.replaced(state_rows)
     proc = PartitionProcessor(
         rules, rules.input.allowed_lateness_ms, state=_state_input(state_rows), start_ms=start_ms
     )
@@ -335,10 +342,22 @@ class _Output:
         return table
 
     def carried(self, state: Any) -> None:
-        """The untouched state rows, column for column. O(rows)."""
+        """The untouched state rows, column for column, marked ``unchanged``. O(rows)."""
         if state.num_rows:
             self._add(state.num_rows, {
                 "kind": state["state_kind"], "rule": state["rule"], "key": state["key"],
+                "id": state["event_id"], "time": state["time"], "deadline": state["deadline"],
+                "unchanged": self.pa.array([True] * state.num_rows, self.pa.bool_()),
+            })  # fmt: skip
+
+    def replaced(self, state: Any) -> None:
+        """The state rows the processor took in, as ``replaced`` rows with their kind
+        in ``state_kind``: what the next state no longer holds as it came (the
+        processor's ``pending`` and ``expired`` rows hold what it holds). O(rows)."""
+        if state.num_rows:
+            self._add(state.num_rows, {
+                "kind": self.pa.array(["replaced"] * state.num_rows, self.pa.string()),
+                "state_kind": state["state_kind"], "rule": state["rule"], "key": state["key"],
                 "id": state["event_id"], "time": state["time"], "deadline": state["deadline"],
             })  # fmt: skip
 
@@ -427,6 +446,7 @@ _ARROW_TYPES = {
     "string": lambda pa: pa.string(),
     "long": lambda pa: pa.int64(),
     "binary": lambda pa: pa.binary(),
+    "boolean": lambda pa: pa.bool_(),
 }
 
 

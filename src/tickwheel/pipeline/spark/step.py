@@ -46,6 +46,7 @@ from .outputs import (
     late_table,
     next_events,
     next_ops,
+    ops_changes,
     outcome_table,
     rejected_table,
     unmatched_table,
@@ -402,6 +403,14 @@ class DelayedOperations:
             events = with_parameters(events, run_parameters(self.spark, w_new=watermark))
             bound = sql_name(parameter_name("w_new"))
         return {"events": next_events(events, self.rules, bound), "ops": next_ops(self.rows())}
+
+    def state_changes(self) -> dict[str, DataFrame]:
+        """How :meth:`next_state`'s ``ops`` differ from the state carried in: the rows
+        added and removed (:func:`.outputs.ops_changes`), read off the partitions'
+        rows. Needs :attr:`StepOptions.carry`."""
+        if not self.options.carry:
+            raise ValueError("state_changes needs StepOptions(carry=True)")
+        return ops_changes(self.rows())
 
     def summary(self) -> dict[str, Any]:
         """The counts of ``summary.json``: records by class, rejects by reason, outcomes,

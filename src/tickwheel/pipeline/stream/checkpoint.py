@@ -7,8 +7,9 @@ or any URI Spark writes (``hdfs://``, ``s3a://``, ``abfss://``...)::
     owners/T.json         the job holding the checkpoint, with its fencing token T
     owners/T.alive-K      its heartbeat (a URI checkpoint), owners/T.released its end
     plans/N.json          micro-batch N's write-ahead plan, made once
-    state/N/A/            the carried state after batch N as attempt A wrote it
-                          (events/, ops/); A is the owner's token and an attempt id
+    state/N/A/            the carried state after batch N as attempt A wrote it: whole
+                          (events/, ops/) or as its changes (events.added/, ...;
+                          see .resident); A is the owner's token and an attempt id
     commits/N.json        the commit of batch N: the attempt whose state and outputs
                           count, its watermark, counts and state rows, and the rules,
                           input format, state format and release it was made with
@@ -59,10 +60,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..rules import format_duration
 from ..storage import Storage, create_json, is_uri, join, read_json
+
+if TYPE_CHECKING:
+    from .resident import ResidentState
 
 __all__ = [
     "FAULT_ENV",
@@ -100,6 +104,7 @@ FAULT_POINTS = (
     "after_state",  # outputs and next state staged, nothing committed
     "after_commit",  # the checkpoint committed the batch; its outputs not published
     "after_sink_commit",  # outputs published in the sink; Spark's own commit log not yet
+    "mid_snapshot",  # at a job's end, the state written whole beside its changelog, unmarked
 )
 
 
@@ -107,10 +112,11 @@ FAULT_POINTS = (
 #: earlier one: 1, the layout without ``commits/`` (``state/N/meta.json``); 2, the
 #: commit files, which record the rules, the input format and the release; 3, a
 #: directory per attempt (``state/N/A/``), commits that name it and the sink's
-#: staged outputs, and the fenced commit slots (``commits/N.T.json``).
-#: Each has a checkpoint its last writer left in
+#: staged outputs, and the fenced commit slots (``commits/N.T.json``); 4, commits
+#: that hold the state's changes since the previous batch, with a whole state every
+#: K batches (:mod:`.resident`). Each has a checkpoint its last writer left in
 #: ``tests/pipeline/fixtures/checkpoint-format-N/``.
-STATE_FORMAT = 3
+STATE_FORMAT = 4
 
 
 class StreamError(RuntimeError):
@@ -566,9 +572,19 @@ class StateStore:
     def __init__(self, root: str, storage: Storage, owner: CheckpointOwner | None = None) -> None:
         """O(1): nothing is read or made until asked."""
         self.root, self.storage, self.owner = root, storage, owner
+        from .resident import snapshot_every
+
+        #: The state the last batch this process committed left (:mod:`.resident`).
+        self.resident: ResidentState | None = None
+        #: K: every K-th commit after a snapshot writes the whole state (:mod:`.resident`).
+        self.snapshot_every = snapshot_every()
         self.state = join(root, "state")
         self.commits = join(root, "commits")
         self.plans = join(root, "plans")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy in another process gets: no resident state, which stays here."""
+        return {**self.__dict__, "resident": None}
 
     @property
     def token(self) -> int | None:
@@ -789,15 +805,22 @@ class StateStore:
     def prune(self, batch_id: int, meta: Mapping[str, Any]) -> None:
         """After the commit ``meta`` of ``batch_id``: drop what no commit will read.
 
-        Kept: the state of ``batch_id`` and of the committed batch before it,
-        and every fence: a predecessor that froze between its owner check and
-        its commit would otherwise find its batch's first slot free again.
+        Kept: the states of ``batch_id`` and of the committed batch before it,
+        with what each is rebuilt from (the snapshot its changelogs follow, and
+        the changelogs between), and every fence: a predecessor that froze
+        between its owner check and its commit would otherwise find its batch's
+        first slot free again.
         Dropped: older states, commits and plans, and the other attempts'
         states of ``batch_id`` (crashed or fenced ones: its commit names one).
         Only committed batches are touched, so an attempt still running (one
         that will be fenced) loses nothing a commit names. O(batches kept).
         """
-        keep = min(b for b in (batch_id, self.latest_before(batch_id)) if b is not None)
+        from .resident import snapshot_base
+
+        keep = snapshot_base(meta, batch_id)
+        before = self.latest_before(batch_id)
+        if before is not None:
+            keep = min(keep, snapshot_base(self.meta(before), before))
         for name in self.storage.list_names(self.state):
             if name.isdigit() and int(name) < keep:
                 self.storage.delete(join(self.state, name))

@@ -192,14 +192,13 @@ def _pending_by_rule(
     """Pending operations of the rules ``names`` in batch ``batch_id``'s state: one Spark job."""
     from pyspark.sql import functions as F
 
-    from ..storage import join
+    from .resident import committed_frames
 
-    ops = join(store.state_path(batch_id), "ops")
-    if not store.storage.exists(ops):
+    ops = committed_frames(store, spark, batch_id).get("ops")
+    if ops is None:
         return {}
     rows = (
-        spark.read.parquet(ops)
-        .where((F.col("kind") == "pending") & F.col("rule").isin(names))
+        ops.where((F.col("kind") == "pending") & F.col("rule").isin(names))
         .groupBy("rule")
         .count()
         .collect()

@@ -28,6 +28,7 @@ from ..storage import Storage, StorageError, absolute, is_uri, join, local_path,
 from .checkpoint import CheckpointFenced, CheckpointOwner, StateStore, StreamError
 from .evolution import StateAdjustment
 from .micro_batch import MicroBatch, MicroBatchInput
+from .resident import end_resident_state
 from .runner import (
     BatchRunner,
     _before_first_batch,
@@ -494,6 +495,7 @@ class StreamJob:
             if companion is not None:
                 _drain_and_stop(companion)
         summary = runner.summary(time.perf_counter() - started)
+        end_resident_state(self.store)
         if not is_classic(spark):
             # foreachBatch ran in a process beside the Connect server, which printed
             # each micro-batch's counts; its batch ids are consecutive.

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..rules import Rules
 from ..spark.classify import EVENT_STATE_COLUMNS
-from ..spark.frames import sql_name, write_parquet
+from ..spark.frames import sql_name, to_arrow
 from ..spark.outputs import OPS_COLUMNS
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
-from ..storage import join
 from .checkpoint import Attempt, StateStore, fault
 from .evolution import StateAdjustment, rules_record
+from .resident import ResidentState, next_resident, rebuild, state_entry, write_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -84,28 +84,20 @@ class MicroBatch:
         self.adjustment = (
             adjustment if adjustment is not None and adjustment.after == self.previous else None
         )
+        self.held: ResidentState | None = None  # the carried state, once loaded
 
     def carried_state(self) -> CarriedState:
-        """The state the latest committed batch left (nothing before the first). Lazy."""
-        longs = {"time", "seq", "deadline"}
-
-        def ddl(columns: Sequence[str]) -> str:
-            return ", ".join(
-                f"{sql_name(c)} {'bigint' if c in longs else 'string'}" for c in columns
-            )
-
+        """The state the latest committed batch left (nothing before the first): the one
+        this process holds when it is that commit's (:mod:`.resident`), else rebuilt
+        from the checkpoint's snapshot and changelogs. Lazy frames."""
         adjustment = self.adjustment
         if adjustment is not None and adjustment.everything:
             return CarriedState(None, None)  # as a new checkpoint would start
-        keys = [f"k_{k}" for k in self.rules.key_fields]
-        events_schema, ops_schema = ddl([*EVENT_STATE_COLUMNS, *keys]), ddl(OPS_COLUMNS)
-        # The schemas are known: giving them spares Spark a job reading the footers.
-        frames = {
-            name: self.spark.read.schema(schema).parquet(path)
-            for name, schema in (("events", events_schema), ("ops", ops_schema))
-            if (path := self._previous_path(name)) is not None
-        }
-        rows = self.meta.get("state_rows")  # older states lack it
+        held = self._held_state()
+        if held is None:
+            return CarriedState(None, None)
+        frames = held.as_frames(self.spark)
+        rows: int | None = held.rows
         ops = frames.get("ops")
         if adjustment is not None and adjustment.rules and ops is not None:
             from pyspark.sql import functions as F
@@ -115,11 +107,41 @@ class MicroBatch:
             self.meta.get("watermark"), self.meta.get("max_time"), frames.get("events"), ops, rows
         )
 
-    def _previous_path(self, name: str) -> str | None:
+    def _held_state(self) -> ResidentState | None:
+        """The previous commit's state, held: this process's own if it is the one the
+        commit names, never another (a takeover, a fenced attempt, a replay), else
+        rebuilt and held from now on. None before the first batch."""
         if self.previous is None:
             return None
-        path = join(self.store.state_path(self.previous, self.meta), name)
-        return path if self.store.storage.exists(path) else None
+        store, held = self.store, self.store.resident
+        if held is not None and held.matches(self.previous, self.meta):
+            self.held = held
+            return held
+        if held is not None:
+            logger.info(
+                "batch %d: the state held (batch %d) is not the last commit's (batch %d): "
+                "rebuilt", self.batch_id, held.batch_id, self.previous,
+            )  # fmt: skip
+            held.release()
+        rows = self.meta.get("state_rows")
+        per = self.options.rows_per_partition
+        small = isinstance(rows, int) and per is not None and rows <= per
+        store.resident = self.held = rebuild(
+            store, self.spark, self.previous, self.meta, self._schemas(), in_driver=small
+        )
+        return self.held
+
+    def _schemas(self) -> dict[str, str]:
+        """Each state table's DDL: reading it then needs no job over its footers."""
+        longs = {"time", "seq", "deadline"}
+
+        def ddl(columns: Sequence[str]) -> str:
+            return ", ".join(
+                f"{sql_name(c)} {'bigint' if c in longs else 'string'}" for c in columns
+            )
+
+        keys = [f"k_{k}" for k in self.rules.key_fields]
+        return {"events": ddl([*EVENT_STATE_COLUMNS, *keys]), "ops": ddl(OPS_COLUMNS)}
 
     def _previous_span(self) -> int | None:
         """The previous batch's own events' span of event time (older states lack it)."""
@@ -184,7 +206,7 @@ class MicroBatch:
             }
             self.commit(
                 tables,
-                step.next_state(),
+                step,
                 meta,
                 empty={t for t, n in rows.items() if not n},
                 small=step.placement.small,
@@ -206,7 +228,7 @@ class MicroBatch:
     def commit(
         self,
         tables: Mapping[str, DataFrame],
-        next_state: Mapping[str, DataFrame],
+        step: DelayedOperations,
         meta: Mapping[str, Any],
         empty: Collection[str] = (),
         small: bool = False,
@@ -215,8 +237,9 @@ class MicroBatch:
         publish.
 
         This attempt writes under names of its own (:class:`~.checkpoint.Attempt`):
-        the state in ``state/N/<attempt>/``, the outputs where the sink stages
-        them, out of readers' sight. The commit point is one new file in the
+        the next state of ``step`` in ``state/N/<attempt>/``, as its changes since
+        the state carried in or whole (:mod:`.resident`), the outputs where the
+        sink stages them, out of readers' sight. The commit point is one new file in the
         batch's commit slot (:meth:`~.checkpoint.StateStore.commit`, fenced),
         which names the attempt and what the sink staged; only then does the
         sink publish it (:func:`publish_outputs`). Tables in ``empty`` are known to
@@ -229,19 +252,9 @@ class MicroBatch:
 
         batch_id, sink, store = self.batch_id, self.sink, self.store
         attempt = Attempt.new(store.token)
-        state_dir = store.attempt_path(batch_id, attempt)
         staged = None
         with ThreadPoolExecutor(max_workers=2) as pool:
-            state_writes = [
-                pool.submit(
-                    write_parquet,
-                    frame,
-                    join(state_dir, name),
-                    in_driver=small,
-                    storage=store.storage,
-                )
-                for name, frame in next_state.items()
-            ]
+            state_write = pool.submit(self._write_state, step, attempt, small)
             # An older release's sink committed before its checkpoint did: published.
             if not sink.is_committed(batch_id):
                 staged = sink.stage(
@@ -253,16 +266,48 @@ class MicroBatch:
                     small=small,
                 )
             fault("after_outputs", batch_id)
-            for future in state_writes:
-                future.result()
-        rows = sum(store.storage.parquet_rows(join(state_dir, name)) for name in next_state)
+            written, entry = state_write.result()
         fault("after_state", batch_id)
-        record = store.commit(batch_id, {
-            **meta, "state_rows": rows, "attempt": attempt.tag,
-            "sink": {**sink_location(sink), "staged": staged},
-        })  # fmt: skip
+        try:
+            record = store.commit(batch_id, {
+                **meta, "state_rows": written.rows, "state": entry, "attempt": attempt.tag,
+                "sink": {**sink_location(sink), "staged": staged},
+            })  # fmt: skip
+        except BaseException:
+            written.release()
+            raise
+        previous, store.resident = store.resident, written
+        if previous is not None and previous is not written:
+            previous.release()
         fault("after_commit", batch_id)
         publish_outputs(store, sink, batch_id, record)
+
+    def _write_state(
+        self, step: DelayedOperations, attempt: Attempt, small: bool
+    ) -> tuple[ResidentState, dict[str, Any]]:
+        """Write the next state under ``attempt``: its changes since the state carried
+        in, or the whole of it when a snapshot is due (:func:`.resident.state_entry`;
+        always after a rules change dropped state, which the changes do not show).
+        Returns it, held as the next batch will take it, and the commit's ``state``
+        entry.
+
+        ``small``: the tables collected to the driver as Arrow (no job for those
+        the driver holds already: :func:`~..spark.frames.to_arrow`) and written
+        there. Else locally checkpointed by Spark, where they stay, and written
+        by Spark's writer.
+        """
+        entry = state_entry(self.held, self.store.snapshot_every, full=self.adjustment is not None)
+        state, changes = step.next_state(), step.state_changes()
+        if small:
+            state = {name: to_arrow(frame) for name, frame in state.items()}
+            changes = {name: to_arrow(frame) for name, frame in changes.items()}
+        else:
+            state = {name: frame.localCheckpoint(eager=False) for name, frame in state.items()}
+        held, entry, out = next_resident(
+            self.held, self.batch_id, attempt.tag, entry, state, changes
+        )
+        write_tables(self.store, self.store.attempt_path(self.batch_id, attempt), out)
+        return held, entry
 
 
 def sink_location(sink: BatchSink) -> dict[str, Any]:

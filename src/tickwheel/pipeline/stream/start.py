@@ -57,6 +57,7 @@ from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
 from ..storage import absolute, join, storage_for
 from .checkpoint import CheckpointOwner, StateStore
 from .micro_batch import TABLES, MicroBatch, MicroBatchInput
+from .resident import committed_frames, end_resident_state
 from .runner import (
     BatchRunner,
     _before_first_batch,
@@ -191,7 +192,7 @@ def start_stream(
         lock.release()
         raise
     lock.in_use = lambda: bool(query.isActive)
-    _release_when_done(spark, query, lock, companion)
+    _release_when_done(spark, query, lock, companion, store)
     return query
 
 
@@ -242,6 +243,7 @@ def _release_when_done(
     query: StreamingQuery,
     lock: CheckpointOwner,
     companion: StreamingQuery | None = None,
+    store: StateStore | None = None,
 ) -> None:
     """Release ``lock`` when ``query`` terminates, however it ends; then let the
     ``companion`` query (:mod:`.progress`) read what is left and stop it. A classic
@@ -267,6 +269,8 @@ def _release_when_done(
     def after_query() -> None:
         if not ended.acquire(blocking=False):  # the listener and the check below may both call
             return
+        if store is not None:  # the state this driver holds, written whole first
+            end_resident_state(store, driver_only=True)
         lock.release()
         if companion is not None:
             # Spark Connect calls listeners holding a lock that the companion's
@@ -336,23 +340,26 @@ def read_stream_outputs(
         frame = batch_sink.read_table(spark, table) if batch_sink is not None else None
         out[table] = None if frame is None else frame.where(F.col(BATCH_ID) <= last)
     meta = store.meta(last)
-    state = store.state_path(last, meta)
-    ops = spark.read.parquet(join(state, "ops"))
-    pending = ops.where(F.col("kind") == "pending").select(
-        "rule",
-        "key",
-        F.col("event_id").alias("op_id"),
-        F.col("time").alias("opened_at"),
-        "deadline",
-        F.lit("pending").alias("outcome"),
-        F.lit(None).cast("long").alias("resolved_at"),
-        F.lit(None).cast("long").alias("latency_ms"),
-        F.lit(None).cast("string").alias("resolve_event_id"),
-        F.lit(None).cast("long").alias(BATCH_ID),
+    state = committed_frames(store, spark, last, meta)
+    pending = (
+        state["ops"]
+        .where(F.col("kind") == "pending")
+        .select(
+            "rule",
+            "key",
+            F.col("event_id").alias("op_id"),
+            F.col("time").alias("opened_at"),
+            "deadline",
+            F.lit("pending").alias("outcome"),
+            F.lit(None).cast("long").alias("resolved_at"),
+            F.lit(None).cast("long").alias("latency_ms"),
+            F.lit(None).cast("string").alias("resolve_event_id"),
+            F.lit(None).cast("long").alias(BATCH_ID),
+        )
     )
     final = out["outcomes"]
     out["outcomes"] = pending if final is None else final.unionByName(pending)
-    events = spark.read.parquet(join(state, "events"))
+    events = state["events"]
     watermark = meta.get("watermark")
     out["buffered"] = events if watermark is None else events.where(F.col("time") > watermark)
     return out

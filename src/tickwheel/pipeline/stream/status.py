@@ -31,7 +31,6 @@ from ..storage import (
     Storage,
     StorageError,
     absolute,
-    is_data_file,
     is_uri,
     join,
     local_path,
@@ -39,9 +38,10 @@ from ..storage import (
     storage_for,
 )
 from .checkpoint import StateStore, StreamError, owner_holding
+from .resident import committed_frames, committed_tables
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["checkpoint_status"]
 
@@ -154,9 +154,9 @@ def _status(
     else:
         state = store.state_path(last, meta)
         figures = (
-            _spark_state(spark, state, watermark)
+            _spark_state(committed_frames(store, spark, last, meta), watermark)
             if is_uri(root) and spark is not None
-            else _local_state(state, watermark)
+            else _local_state(committed_tables(store, last, meta), watermark)
         )
         pending, markers, events, buffered = figures
         for name in _rule_names(meta.get("rules")):
@@ -210,44 +210,34 @@ def _running_batch(storage: Storage, top: str, last: int | None) -> int | None:
 Pending = dict[str, dict[str, Any]]
 
 
-def _parquet_files(directory: str) -> list[str]:
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return []
-    return [os.path.join(directory, n) for n in names if is_data_file(n)]
-
-
-def _local_state(state: str, watermark: int | None) -> tuple[Pending, int, int, int]:
-    """(pending by rule, expiry markers, events, buffered events) read with pyarrow."""
-    import pyarrow as pa  # type: ignore[import-untyped]
+def _local_state(tables: Mapping[str, Any], watermark: int | None) -> tuple[Pending, int, int, int]:
+    """(pending by rule, expiry markers, events, buffered events) of the state's Arrow
+    tables (:func:`.resident.committed_tables`)."""
     import pyarrow.compute as pc  # type: ignore[import-untyped]
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     pending: Pending = {}
     markers = 0
-    for path in _parquet_files(os.path.join(state, "ops")):
-        for batch in pq.ParquetFile(path).iter_batches(columns=["kind", "rule", "deadline"]):
-            table = pa.Table.from_batches([batch])
-            is_pending = pc.equal(table["kind"], "pending")
-            waiting = table.filter(is_pending)
-            markers += table.num_rows - waiting.num_rows
-            grouped = waiting.group_by("rule").aggregate(
-                [("deadline", "count", pc.CountOptions(mode="all")), ("deadline", "min")]
-            )
-            for rule, count, oldest in zip(
-                grouped["rule"].to_pylist(),
-                grouped["deadline_count"].to_pylist(),
-                grouped["deadline_min"].to_pylist(),
-                strict=True,
-            ):
-                _add_pending(pending, rule, count, oldest)
+    ops = tables.get("ops")
+    if ops is not None:
+        is_pending = pc.equal(ops["kind"], "pending")
+        waiting = ops.filter(is_pending)
+        markers += ops.num_rows - waiting.num_rows
+        grouped = waiting.group_by("rule").aggregate(
+            [("deadline", "count", pc.CountOptions(mode="all")), ("deadline", "min")]
+        )
+        for rule, count, oldest in zip(
+            grouped["rule"].to_pylist(),
+            grouped["deadline_count"].to_pylist(),
+            grouped["deadline_min"].to_pylist(),
+            strict=True,
+        ):
+            _add_pending(pending, rule, count, oldest)
     events = buffered = 0
-    for path in _parquet_files(os.path.join(state, "events")):
-        for batch in pq.ParquetFile(path).iter_batches(columns=["time"]):
-            events += batch.num_rows
-            if watermark is not None:
-                buffered += int(pc.sum(pc.greater(batch.column(0), watermark)).as_py() or 0)
+    found = tables.get("events")
+    if found is not None:
+        events = found.num_rows
+        if watermark is not None:
+            buffered = int(pc.sum(pc.greater(found["time"], watermark)).as_py() or 0)
     return pending, markers, events, buffered
 
 
@@ -261,18 +251,17 @@ def _add_pending(pending: Pending, rule: str, count: int, oldest: int | None) ->
 
 
 def _spark_state(
-    spark: SparkSession, state: str, watermark: int | None
+    frames: Mapping[str, DataFrame], watermark: int | None
 ) -> tuple[Pending, int, int, int]:
-    """The same figures as :func:`_local_state`, read by Spark (two jobs)."""
+    """The same figures as :func:`_local_state`, of the state's DataFrames
+    (:func:`.resident.committed_frames`; two jobs)."""
     from pyspark.sql import functions as F
 
-    storage = storage_for(state, spark)
     pending: Pending = {}
     markers = 0
-    ops = join(state, "ops")
-    if storage.exists(ops):
-        frame = spark.read.schema("kind string, rule string, deadline bigint").parquet(ops)
-        grouped = frame.groupBy("kind", "rule").agg(
+    ops = frames.get("ops")
+    if ops is not None:
+        grouped = ops.groupBy("kind", "rule").agg(
             F.count(F.lit(1)).alias("n"), F.min("deadline").alias("oldest")
         )
         for row in grouped.collect():
@@ -281,15 +270,12 @@ def _spark_state(
             else:
                 markers += int(row["n"])
     events = buffered = 0
-    path = join(state, "events")
-    if storage.exists(path):
+    found = frames.get("events")
+    if found is not None:
         above = F.col("time") > F.lit(watermark) if watermark is not None else F.lit(False)
-        row = (
-            spark.read.schema("time bigint")
-            .parquet(path)
-            .agg(F.count(F.lit(1)).alias("n"), F.sum(F.when(above, 1).otherwise(0)).alias("b"))
-            .collect()[0]
-        )
+        row = found.agg(
+            F.count(F.lit(1)).alias("n"), F.sum(F.when(above, 1).otherwise(0)).alias("b")
+        ).collect()[0]
         events, buffered = int(row["n"]), int(row["b"] or 0)
     return pending, markers, events, buffered
 

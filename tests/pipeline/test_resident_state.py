@@ -1,0 +1,213 @@
+"""The state held between micro-batches and its changelog commits (``stream/resident.py``),
+without Spark: Arrow tables committed through a local checkpoint, as the driver
+commits a small state.
+
+A model (a list of rows per table) runs beside the store: after each commit the
+resident state, and the state rebuilt from the checkpoint alone (the last
+snapshot and the changelogs after it), must equal the model's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pa = pytest.importorskip("pyarrow")
+
+from tickwheel.pipeline.storage import LocalStorage, join  # noqa: E402
+from tickwheel.pipeline.stream.checkpoint import Attempt, StateStore  # noqa: E402
+from tickwheel.pipeline.stream.resident import (  # noqa: E402
+    SNAPSHOT_MARKER,
+    apply_table_changes,
+    committed_tables,
+    next_resident,
+    state_entry,
+    write_shutdown_snapshot,
+    write_tables,
+)
+
+SCHEMA = pa.schema([("kind", pa.string()), ("key", pa.string()), ("time", pa.int64())])
+Row = tuple[str | None, str, int]
+
+
+def _table(rows: list[Row]) -> Any:
+    return pa.table(
+        {name: [row[i] for row in rows] for i, name in enumerate(SCHEMA.names)}, schema=SCHEMA
+    )
+
+
+def _rows(table: Any) -> list[Row]:
+    return sorted(
+        zip(*(c.to_pylist() for c in table.columns), strict=True), key=lambda r: (str(r[0]), r[1:])
+    )
+
+
+def _changes(before: list[Row], after: list[Row]) -> tuple[Any, Any]:
+    """(rows added, rows removed) from ``before`` to ``after``, as multisets: what the
+    partitions' marks give a micro-batch."""
+    old, new = Counter(before), Counter(after)
+    return _table(list((new - old).elements())), _table(list((old - new).elements()))
+
+
+rows_strategy = st.lists(
+    st.tuples(
+        st.sampled_from(["pending", "expired", None]), st.sampled_from("abc"), st.integers(0, 3)
+    ),
+    max_size=12,
+)
+
+
+@given(before=rows_strategy, after=rows_strategy)
+@settings(max_examples=200, deadline=None)
+def test_changes_applied_to_the_state_before_give_the_state_after(
+    before: list[Row], after: list[Row]
+) -> None:
+    """Whole rows as a multiset: copies, nulls and reordering included."""
+    added, removed = _changes(before, after)
+    assert _rows(apply_table_changes(_table(before), added, removed)) == sorted(
+        after, key=lambda r: (str(r[0]), r[1:])
+    )
+
+
+def test_a_changelog_that_removes_a_row_its_state_lacks_is_refused() -> None:
+    with pytest.raises(ValueError, match="removes 1 row"):
+        apply_table_changes(_table([]), None, _table([("pending", "a", 1)]))
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 10])
+def test_a_snapshot_every_k_commits(every: int) -> None:
+    """The first commit and every K-th after a snapshot hold the whole state; the ones
+    between hold changelogs, at most K - 1 after each snapshot."""
+    held, kinds = None, []
+    for batch_id in range(3 * every + 1):
+        entry = state_entry(held, every)
+        kinds.append(entry["kind"])
+        held, _, _ = next_resident(held, batch_id, f"a{batch_id}", entry, {"ops": _table([])}, {})
+        assert held.changelogs < every
+    expected = ["snapshot" if b % every == 0 else "changelog" for b in range(3 * every + 1)]
+    assert kinds == expected
+
+
+class _Model:
+    """A checkpoint committing Arrow states as the driver does, beside the model's rows."""
+
+    def __init__(self, root: Path, every: int) -> None:
+        self.store = StateStore(str(root), LocalStorage())
+        self.store.snapshot_every = every
+        self.rows: list[Row] = []
+        self.batch_id = -1
+
+    def commit(self, rows: list[Row]) -> dict[str, Any]:
+        """Commit the state ``rows`` as the next batch, then prune as the owner does."""
+        self.batch_id += 1
+        store = self.store
+        attempt = Attempt.new(store.token)
+        entry = state_entry(store.resident, store.snapshot_every)
+        added, removed = _changes(self.rows, rows)
+        changes = {"ops.added": added, "ops.removed": removed}
+        state, entry, out = next_resident(
+            store.resident, self.batch_id, attempt.tag, entry, {"ops": _table(rows)}, changes
+        )
+        write_tables(store, store.attempt_path(self.batch_id, attempt), out)
+        record = store.commit(
+            self.batch_id, {"attempt": attempt.tag, "state": entry, "state_rows": state.rows}
+        )
+        store.resident, self.rows = state, rows
+        store.prune(self.batch_id, record)
+        return record
+
+    def rebuilt(self) -> list[Row]:
+        return _rows(committed_tables(self.store, self.batch_id)["ops"])
+
+    def expected(self) -> list[Row]:
+        return sorted(self.rows, key=lambda r: (str(r[0]), r[1:]))
+
+
+@pytest.mark.parametrize("batches", [2, 3, 4])  # K - 1, K and K + 1 with K = 3
+def test_a_restart_after_k_minus_1_k_and_k_plus_1_batches_rebuilds_the_state(
+    tmp_path: Path, batches: int
+) -> None:
+    model = _Model(tmp_path / "ck", every=3)
+    for b in range(batches):
+        model.commit([("pending", f"k{b}", b), ("pending", f"k{b + 1}", b + 1)])
+    fresh = StateStore(str(tmp_path / "ck"), LocalStorage())  # a new process: nothing held
+    assert fresh.resident is None
+    assert _rows(committed_tables(fresh, model.batch_id)["ops"]) == model.expected()
+
+
+def test_the_state_and_the_checkpoint_stay_bounded_over_300_batches_with_retention(
+    tmp_path: Path,
+) -> None:
+    """Each batch opens 3 operations and expires those older than a retention of 20
+    batches: the state, the rows each changelog holds and the checkpoint's files
+    stay flat over 300 batches, and the state rebuilt from the checkpoint alone
+    equals the model's after every batch."""
+    model = _Model(tmp_path / "ck", every=10)
+    state_dir = tmp_path / "ck" / "state"
+    sizes, files = [], []
+    for b in range(300):
+        kept = [row for row in model.rows if row[2] > b - 20]
+        model.commit([*kept, *[("pending", f"k{b}-{i}", b) for i in range(3)]])
+        assert model.rebuilt() == model.expected(), b
+        sizes.append(len(model.rows))
+        files.append(sum(1 for _ in state_dir.rglob("*.parquet")))
+    assert max(sizes[30:]) == max(sizes[20:30]) == 60
+    # At most the chains of the last two commits: a snapshot, K - 1 changelogs of two
+    # files (rows added, rows removed), and the snapshot before: 2K files.
+    assert max(files) <= 2 * 10, files
+
+
+def test_a_snapshot_written_at_the_end_is_where_a_rebuild_starts(tmp_path: Path) -> None:
+    model = _Model(tmp_path / "ck", every=10)
+    for b in range(4):
+        record = model.commit([("pending", f"k{i}", i) for i in range(b + 1)])
+    assert record["state"]["kind"] == "changelog"
+    assert write_shutdown_snapshot(model.store)
+    directory = model.store.state_path(model.batch_id, record)
+    assert (Path(directory) / SNAPSHOT_MARKER).exists()
+    assert not write_shutdown_snapshot(model.store)  # once
+    # The next batch builds on it: a changelog that counts from the end's snapshot.
+    assert state_entry(model.store.resident, 10) == {
+        "kind": "changelog", "base": 3, "after": 3, "changelogs": 1,
+    }  # fmt: skip
+    # The changelogs before it are no longer read: delete them, the rebuild holds.
+    for b in range(1, 3):
+        for path in Path(model.store.path(b)).rglob("*.parquet"):
+            path.unlink()
+    assert model.rebuilt() == model.expected()
+
+
+def test_a_snapshot_killed_before_its_marker_is_not_read(tmp_path: Path) -> None:
+    """A job killed while writing its state whole at its end leaves tables without the
+    marker: the rebuild reads the changelogs, never those tables."""
+    model = _Model(tmp_path / "ck", every=10)
+    model.commit([("pending", "a", 1)])
+    record = model.commit([("pending", "b", 2)])
+    directory = model.store.state_path(1, record)
+    write_tables(model.store, directory, {"ops": _table([("pending", "half-written", 0)])})
+    assert model.rebuilt() == model.expected() == [("pending", "b", 2)]
+
+
+def test_a_resident_state_is_trusted_only_for_the_commit_that_made_it(tmp_path: Path) -> None:
+    model = _Model(tmp_path / "ck", every=10)
+    record = model.commit([("pending", "a", 1)])
+    held = model.store.resident
+    assert held is not None and held.matches(0, record)
+    assert not held.matches(0, {**record, "attempt": "t2-another"})  # another attempt's commit
+    assert not held.matches(1, record)  # a later commit, by another owner
+
+
+def test_an_unreadable_changelog_fails_the_rebuild_loudly(tmp_path: Path) -> None:
+    model = _Model(tmp_path / "ck", every=10)
+    model.commit([("pending", "a", 1)])
+    record = model.commit([("pending", "b", 2)])
+    directory = model.store.state_path(1, record)
+    for path in Path(join(directory, "ops.added")).rglob("*.parquet"):
+        path.write_bytes(b"not parquet")
+    with pytest.raises(Exception, match=r"(?i)parquet"):
+        committed_tables(model.store, 1)
