@@ -57,8 +57,8 @@ def _job_name(spark: Any, job_id: int) -> str:
     info = tracker.getJobInfo(job_id)
     if info is None or not info.stageIds:
         return "?"
-    stage = tracker.getStageInfo(max(info.stageIds))
-    return stage.name if stage is not None else "?"
+    stages = [tracker.getStageInfo(i) for i in sorted(info.stageIds)]
+    return " / ".join(f"{st.name} ({st.numTasks} tasks)" for st in stages if st is not None)
 
 
 def _files(root: Path) -> set[str]:

@@ -579,6 +579,8 @@ class StateStore:
         #: K: every K-th commit after a snapshot writes the whole state (:mod:`.resident`).
         self.snapshot_every = snapshot_every()
         self.state = join(root, "state")
+        #: The commits read so far, by batch id (:meth:`_resolve`).
+        self._known: dict[int, tuple[dict[str, Any], str, dict[str, Any] | None]] = {}
         self.commits = join(root, "commits")
         self.plans = join(root, "plans")
 
@@ -595,15 +597,24 @@ class StateStore:
         """How many commit slot files each batch id has (``N.json``, ``N.T.json``).
         One listing."""
         found: dict[int, int] = {}
-        for name in self.storage.list_names(self.commits):
+        names = self.storage.list_names(self.commits)
+        for name in names:
             parts = name[:-5].split(".") if name.endswith(".json") else []
             if parts and len(parts) <= 2 and all(p.isdigit() for p in parts):
                 found[int(parts[0])] = found.get(int(parts[0]), 0) + 1
+        listed = set(names)  # a commit pruned since it was read is gone: forget it
+        for batch_id, (_commit, path, _fence) in list(self._known.items()):
+            if path.rsplit("/", 1)[-1] not in listed:
+                del self._known[batch_id]
         return found
 
     def _resolve(self, batch_id: int) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None]:
         """Follow batch ``batch_id``'s chain of commit slots: (its commit, or None; the
-        commit's slot, or the free one; the last fence passed). O(chain) reads."""
+        commit's slot, or the free one; the last fence passed). O(chain) reads, none
+        for a commit seen before: a commit file never changes once made."""
+        known = self._known.get(batch_id)
+        if known is not None:
+            return known
         path, fence = self._commit_path(batch_id), None
         while True:
             try:
@@ -613,6 +624,7 @@ class StateStore:
             except ValueError as exc:
                 raise ValueError(f"the commit of batch {batch_id} cannot be read: {exc}") from None
             if not content.get("fence"):
+                self._known[batch_id] = (content, path, fence)
                 return content, path, fence
             fence = content
             path = join(self.commits, f"{batch_id}.{int(content['token'])}.json")
