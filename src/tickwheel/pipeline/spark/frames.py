@@ -17,6 +17,7 @@ __all__ = [
     "PARAMETER_PREFIX",
     "driver_copy",
     "empty_frame",
+    "from_arrow",
     "parameter_name",
     "run_parameters",
     "sql_in",
@@ -70,6 +71,16 @@ def to_arrow(frame: DataFrame) -> Any:
         [pa.array(values, type=f.type) for values, f in zip(columns, schema, strict=True)],
         schema=schema,
     )
+
+
+def from_arrow(spark: SparkSession, table: Any) -> DataFrame:
+    """The Arrow ``table`` as a local relation (no job), on either session kind: an
+    empty one too, whose schema Spark Connect will not take from its rows. O(rows)."""
+    if table.num_rows:
+        return spark.createDataFrame(table)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return empty_frame(spark, from_arrow_schema(table.schema))
 
 
 def driver_copy(frame: DataFrame) -> DataFrame:

@@ -128,7 +128,9 @@ class ResidentState:
         if self.frames is not None:
             return self.frames
         assert self.tables is not None
-        return {name: spark.createDataFrame(table) for name, table in self.tables.items()}
+        from ..spark.frames import from_arrow
+
+        return {name: from_arrow(spark, table) for name, table in self.tables.items()}
 
     def as_tables(self) -> dict[str, pa.Table]:
         """The tables as Arrow: held ones as they are, Spark's collected (a job each)."""
