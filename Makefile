@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-pythons lint typecheck class-archive pytest pytest-pure pytest-spark bench bench-floors system-deps clean
+.PHONY: demo test test-pythons lint typecheck class-archive pytest pytest-pure pytest-spark bench bench-floors bench-env-pyflink system-deps clean
 
 # The install builds the compiled core (src/tickwheel/_speedups.pyx, which includes
 # one twin per pure module from src/tickwheel/_twins/, and src/tickwheel/pipeline/_loop.pyx)
@@ -107,6 +107,19 @@ bench: bench-floors
 	$(BIN)/python benchmarks/bench_timer.py
 	$(BIN)/python benchmarks/bench_purgatory.py
 	$(BIN)/python benchmarks/bench_aio.py
+
+# PyFlink's environment, for the stream benchmark's PyFlink peer only
+# (bench_pipeline_incremental.py --cli --cli-peers pyflink): PyFlink pins its own
+# apache-beam, pyarrow and protobuf, so it gets a venv of its own, which neither .venv
+# nor `make test` needs. Its Python is $(PYTHON) (PyFlink 2.3 lists 3.9 to 3.12).
+PYFLINK_VENV := .venvs/pyflink
+$(PYFLINK_VENV)/.installed-stamp: benchmarks/requirements-pyflink.txt
+	@test -x $(PYFLINK_VENV)/bin/python || $(PYTHON) -m venv $(PYFLINK_VENV)
+	$(PYFLINK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PYFLINK_VENV)/bin/python -m pip install --quiet -r benchmarks/requirements-pyflink.txt
+	@touch $@
+
+bench-env-pyflink: $(PYFLINK_VENV)/.installed-stamp system-deps
 
 clean:
 	rm -rf $(VENV) .venvs build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -11,11 +11,11 @@ All three read the same files through Spark's JSON file source, one file per
 trigger (``maxFilesPerTrigger``), parse the time as tickwheel does, put a
 watermark of the rules' allowed lateness on the event time, drop copies of an
 event id within it (``dropDuplicatesWithinWatermark``), and apply one rule
-machine, :class:`OneOpRule`: the same code in all three, so they differ only
-in Spark's API. They run as their documentation advises (:data:`PEER_CONF`):
-the RocksDB state store (which ``transformWithState`` requires) with
-changelog checkpointing, and shuffle partitions matching the cores (set by
-the caller's session).
+machine, :class:`OneOpRule` (``_one_op_rule.py``): the same code in all
+three, and in PyFlink's peer, so they differ only in their API. They run as
+their documentation advises (:data:`PEER_CONF`): the RocksDB state store
+(which ``transformWithState`` requires) with changelog checkpointing, and
+shuffle partitions matching the cores (set by the caller's session).
 
 :func:`floor_query` is the least a micro-batch of this shape costs on Spark:
 a ``foreachBatch`` over the same source that writes one Parquet file per
@@ -45,6 +45,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import _one_op_rule
+from _one_op_rule import EMPTY, OUTCOME_FIELDS, OneOpRule, Outcome, State
 from _pipeline_names import INT_PATTERN, ISO_PATTERN, Rule
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -71,76 +73,11 @@ PEER_CONF = {
 KEY_FIELD = "order_id"
 #: The file source's schema (the generated orders' fields; ``amount`` unread).
 SOURCE_SCHEMA = "event_id string, order_id string, type string, ts string, seq long"
-#: One row per resolved operation, as every peer emits it.
+#: One row per resolved operation, as every peer emits it (``OUTCOME_FIELDS``).
 OUTCOME_SCHEMA = "key string, opened_at long, deadline long, outcome string, resolved_at long"
-OUTCOME_FIELDS = ("key", "opened_at", "deadline", "outcome", "resolved_at")
 #: Per key: the pending operation's (time, sequence), and a resolution that
 #: arrived before its operation's open, as (type, time, sequence).
 STATE_SCHEMA = "open_ms long, open_seq long, early_type string, early_ms long, early_seq long"
-
-State = tuple[Any, Any, Any, Any, Any]
-Outcome = tuple[str, int, int, str, int]
-EMPTY: State = (None, None, None, None, None)
-
-
-class OneOpRule:
-    """A rule with at most one pending operation per key, as the peers apply it.
-
-    The state is a :data:`State` tuple; the key's one timer is :meth:`timer`.
-    An operation expires at its deadline, before an event stamped at it (as
-    in tickwheel); a complete or cancel with no operation is kept until a
-    later-stamped open arrives (it arrived first, out of order) or until its
-    own time plus the timeout, when no open could still match it.
-    """
-
-    def __init__(self, rule: Rule) -> None:
-        """Take the open, complete and cancel types and the timeout of ``rule``. O(1)."""
-        self.timeout_ms = rule.timeout_ms
-        self.opens = frozenset(rule.open)
-        self.outcome = {kind: "completed" for kind in rule.complete}
-        self.outcome.update((kind, "cancelled") for kind in rule.cancel)
-
-    def timer(self, state: State) -> int | None:
-        """The time the key's timer is set for: the deadline, or the early resolution's end."""
-        open_ms, _, _, early_ms, _ = state
-        if open_ms is not None:
-            return int(open_ms) + self.timeout_ms
-        return None if early_ms is None else int(early_ms) + self.timeout_ms
-
-    def apply(
-        self, key: str, state: State, events: Iterable[tuple[int, int, str, str]]
-    ) -> tuple[State, list[Outcome]]:
-        """Apply ``events`` (time, seq, id, type) in order; the next state and the outcomes."""
-        open_ms, open_seq, early_type, early_ms, early_seq = state
-        timeout, out = self.timeout_ms, []
-        for ms, seq, _id, kind in sorted(events):
-            if open_ms is not None and ms >= open_ms + timeout:
-                out.append((key, open_ms, open_ms + timeout, "expired", open_ms + timeout))
-                open_ms = open_seq = None
-            if kind in self.opens:
-                if open_ms is not None:
-                    continue  # one operation per key: a second open is not comparable
-                open_ms, open_seq = ms, seq
-                if (early_type is not None and (ms, seq) < (early_ms, early_seq)
-                        and early_ms < ms + timeout):  # fmt: skip
-                    out.append((key, ms, ms + timeout, self.outcome[early_type], early_ms))
-                    open_ms = open_seq = None
-                early_type = early_ms = early_seq = None
-            elif kind in self.outcome:
-                if open_ms is not None:
-                    out.append((key, open_ms, open_ms + timeout, self.outcome[kind], ms))
-                    open_ms = open_seq = None
-                elif early_type is None or (ms, seq) < (early_ms, early_seq):
-                    early_type, early_ms, early_seq = kind, ms, seq
-        return (open_ms, open_seq, early_type, early_ms, early_seq), out
-
-    def expire(self, key: str, state: State, expiry_ms: int) -> list[Outcome]:
-        """The outcome of the key's timer firing at ``expiry_ms`` (the state then ends)."""
-        open_ms = state[0]
-        if open_ms is not None and int(open_ms) + self.timeout_ms == expiry_ms:
-            return [(key, int(open_ms), expiry_ms, "expired", expiry_ms)]
-        return []
-
 
 # ----------------------------------------------------------------------------- the processors
 
@@ -288,10 +225,11 @@ def missing_dependency(names: Iterable[str]) -> str | None:
 
 
 def ship_to_workers() -> None:
-    """Pickle this module's classes by value: the Python workers cannot import it."""
+    """Pickle this module and the rule machine by value: the workers cannot import them."""
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cloudpickle.register_pickle_by_value(_one_op_rule)
 
 
 def peer_session(spark: Any) -> Any:
@@ -475,10 +413,18 @@ def comparable_outcomes(outputs: dict[str, Any], watermark_ms: int) -> dict[str,
     return chosen
 
 
-def check_peer(name: str, spark: Any, out: Path, expected: dict[str, Outcome]) -> str:
-    """Compare a peer's Parquet outcomes with ``expected``; raise SystemExit if they differ."""
+def check_peer(
+    name: str, spark: Any, out: Path, expected: dict[str, Outcome], fmt: str = "parquet"
+) -> str:
+    """Compare a peer's outcomes with ``expected``; raise SystemExit if they differ.
+
+    ``out`` holds them as Parquet, or as JSON Lines with ``fmt="json"`` (PyFlink's).
+    """
+    reader = spark.read.format(fmt)
+    if fmt == "json":
+        reader = reader.schema(OUTCOME_SCHEMA)
     got: dict[str, list[Outcome]] = {}
-    for row in spark.read.parquet(str(out)).select(*OUTCOME_FIELDS).collect():
+    for row in reader.load(str(out)).select(*OUTCOME_FIELDS).collect():
         if row[0] in expected:
             got.setdefault(row[0], []).append(tuple(row))  # type: ignore[arg-type]
     wrong = sorted(key for key, want in expected.items() if got.get(key) != [want])

@@ -51,13 +51,19 @@ of its run.
 ``--cli`` measures instead as a user runs them, one process (one JVM) each:
 ``tickwheel pipeline run``, ``tickwheel pipeline stream
 --max-files-per-trigger 1``, ``benchmarks/peer_transform_with_state.py`` and
-its floor over the same generated files (see :func:`cli_comparison`).
+its floor over the same generated files (see :func:`cli_comparison`), at each
+N of ``--cli-orders``; ``--cli-peers`` picks the programs beside the stream,
+among them PyFlink's ``KeyedProcessFunction`` (``pyflink``: see
+``benchmarks/peer_pyflink.py``; it runs in its own environment, which ``make
+bench-env-pyflink`` creates).
 
 Run::
 
     .venv/bin/python benchmarks/bench_pipeline_incremental.py --repeat 3
     .venv/bin/python benchmarks/bench_pipeline_incremental.py --orders 0   # the peers only
     .venv/bin/python benchmarks/bench_pipeline_incremental.py --cli
+    .venv/bin/python benchmarks/bench_pipeline_incremental.py --cli --cli-peers pyflink \
+        --cli-orders 2e4 1e5 1e6
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 import _stream_peers as peers
+from _cli_comparison import add_arguments as add_cli_arguments
 from _cli_comparison import cli_comparison
 from _pipeline_names import (
     STREAM_SESSION_CONF,
@@ -462,21 +469,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--no-warm-up", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each tickwheel job, floor")
-    parser.add_argument("--cli", action="store_true", help="the one-process-each comparison")
-    parser.add_argument("--cli-orders", type=float, default=5e4, help="orders for --cli")
-    parser.add_argument("--cli-repeat", type=int, default=1, help="rounds of --cli")
+    add_cli_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("repeat", "cli_repeat", "increments", "partitions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("peer_orders", "cli_orders", "fixed_records"):
+    for name in ("peer_orders", "fixed_records"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if any(n < 1 for n in args.cli_orders) or args.cli_timeout <= 0:
+        parser.error("--cli-orders must be >= 1 and --cli-timeout > 0")
+    args.cli_orders = sorted({int(n) for n in args.cli_orders})
     if any(n < 0 for n in args.orders):
         parser.error(f"--orders must be >= 0, got {' '.join(f'{n:g}' for n in args.orders)}")
     args.orders = sorted({int(n) for n in args.orders if n})
-    needs = args.peers if args.peer_orders and not args.cli else ["transformWithStateInPandas"]
-    missing = peers.missing_dependency(needs) if args.peer_orders or args.cli else None
+    needs = args.cli_peers if args.cli else args.peers if args.peer_orders else []
+    missing = peers.missing_dependency(needs)
     if missing:
         parser.error(missing)
     return args
