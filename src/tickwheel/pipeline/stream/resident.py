@@ -43,6 +43,7 @@ a dead owner's half-written ones).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import Counter
@@ -140,9 +141,15 @@ class ResidentState:
         return {name: frame.toArrow() for name, frame in self.frames.items()}
 
     def release(self) -> None:
-        """Let Spark drop the blocks of a state it keeps. O(tables)."""
+        """Let Spark drop the blocks of a state it keeps, now: a locally checkpointed
+        RDD is otherwise kept until the JVM's garbage collector finds it unreachable
+        (Spark's cleaner; a Connect client's frame releases it when collected).
+        O(tables)."""
         for frame in (self.frames or {}).values():
-            frame.unpersist()
+            jdf = getattr(frame, "_jdf", None)  # None under Spark Connect
+            if jdf is not None:
+                with contextlib.suppress(Exception):  # not a checkpoint's plan: nothing held
+                    jdf.queryExecution().logical().rdd().unpersist(False)
         self.frames = self.tables = None
 
 
