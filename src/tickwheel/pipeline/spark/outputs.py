@@ -41,9 +41,11 @@ __all__ = [
     "next_events",
     "next_ops",
     "ops_changes",
+    "ops_rows",
     "outcome_table",
     "read_latencies",
     "rejected_table",
+    "split_ops",
     "unmatched_table",
 ]
 
@@ -132,25 +134,48 @@ def next_events(classified: DataFrame, rules: Rules, watermark: str | None) -> D
     )  # fmt: skip
 
 
+def ops_rows(rows: DataFrame) -> DataFrame:
+    """The carried operations before and after the partitions ran, in the columns of
+    :data:`OPS_COLUMNS` and ``change``: ``kept`` (carried, passed through
+    ``unchanged``), ``added`` (made by the processor) or ``removed`` (carried, taken
+    in by the processor: its ``replaced`` rows). The next state is the rows not
+    removed (:func:`next_ops`); its changes since the state carried in are the rows
+    added and the rows removed (:func:`ops_changes`, :func:`split_ops`). Lazy."""
+    return _kind(rows, "pending", "expired", "replaced").selectExpr(
+        "CASE WHEN kind = 'replaced' THEN state_kind ELSE kind END AS kind",
+        "rule", "key", "id AS event_id", "`time`", "deadline",
+        "CASE WHEN kind = 'replaced' THEN 'removed' "
+        "WHEN unchanged THEN 'kept' ELSE 'added' END AS change",
+    )  # fmt: skip
+
+
 def next_ops(rows: DataFrame) -> DataFrame:
     """The operations the stream carries: pending ones and expiry markers. Lazy."""
-    return _kind(rows, "pending", "expired").selectExpr(
-        "kind", "rule", "key", "id AS event_id", "`time`", "deadline"
-    )
+    return ops_rows(rows).where("change <> 'removed'").drop("change")
 
 
 def ops_changes(rows: DataFrame) -> dict[str, DataFrame]:
-    """The carried operations' changes, in :func:`next_ops`' columns: ``ops.added``,
-    the rows the processor made (not those it passed through ``unchanged``), and
-    ``ops.removed``, the carried rows it took in (``replaced``). Filters of
-    ``rows``: no join with the state before. Lazy."""
+    """The carried operations' changes (:func:`ops_rows`): ``ops.added`` and
+    ``ops.removed``. Filters of the partitions' rows, with no join against the
+    state before. Lazy."""
+    frame = ops_rows(rows)
     return {
-        "ops.added": _kind(rows, "pending", "expired")
-        .where("unchanged IS NULL")
-        .selectExpr("kind", "rule", "key", "id AS event_id", "`time`", "deadline"),
-        "ops.removed": _kind(rows, "replaced").selectExpr(
-            "state_kind AS kind", "rule", "key", "id AS event_id", "`time`", "deadline"
-        ),
+        f"ops.{change}": frame.where(f"change = '{change}'").drop("change")
+        for change in ("added", "removed")
+    }
+
+
+def split_ops(table: Any) -> dict[str, Any]:
+    """:func:`ops_rows` collected as Arrow, split as :func:`next_ops` and
+    :func:`ops_changes` split them: ``ops``, ``ops.added``, ``ops.removed``. O(rows)."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    change = table["change"]
+    rows = table.drop_columns(["change"])
+    return {
+        "ops": rows.filter(pc.not_equal(change, "removed")),
+        "ops.added": rows.filter(pc.equal(change, "added")),
+        "ops.removed": rows.filter(pc.equal(change, "removed")),
     }
 
 

@@ -110,13 +110,15 @@ def run_partitions(
     watermark_ms: int,
     *,
     markers: bool = True,
+    changes: bool = False,
 ) -> DataFrame:
     """``inputs`` (:data:`IN_COLUMNS`) by (rule, key) through :func:`partition_function`.
 
     Lazy: one shuffle into ``partitions`` partitions, then ``mapInArrow``.
     """
     return inputs.repartition(partitions, "rule", "key").mapInArrow(
-        partition_function(rules, start_ms, watermark_ms, markers=markers), OUT_DDL
+        partition_function(rules, start_ms, watermark_ms, markers=markers, changes=changes),
+        OUT_DDL,
     )
 
 
@@ -127,6 +129,7 @@ def run_partition_in_driver(
     watermark_ms: int,
     *,
     markers: bool = True,
+    changes: bool = False,
 ) -> DataFrame:
     """``inputs`` as one partition through :func:`partition_function`, in this process.
 
@@ -142,7 +145,7 @@ def run_partition_in_driver(
 
     from .frames import empty_frame, to_arrow
 
-    run = partition_function(rules, start_ms, watermark_ms, markers=markers)
+    run = partition_function(rules, start_ms, watermark_ms, markers=markers, changes=changes)
     batches = list(run(iter(to_arrow(inputs).to_batches())))
     if not batches:
         return empty_frame(inputs.sparkSession, OUT_DDL)
@@ -150,10 +153,17 @@ def run_partition_in_driver(
 
 
 def partition_function(
-    rules: Rules, start_ms: int | None, watermark_ms: int, *, markers: bool = True
+    rules: Rules,
+    start_ms: int | None,
+    watermark_ms: int,
+    *,
+    markers: bool = True,
+    changes: bool = False,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function: one purgatory per partition, seeded with its state.
 
+    With ``changes``, the carried rows the processor took in come out as
+    ``replaced`` rows (what a stream's changelog removes: :func:`.outputs.ops_rows`).
     No rows in: no rows out. With ``markers`` false, no ``expired`` rows (the
     keys' expiry markers) are output: only a next state needs them, and a
     batch run has none. ``tests/pipeline/test_stream_udf.py`` pins the
@@ -164,7 +174,7 @@ def partition_function(
         # Paused from the first row in to the last row out: the conversions
         # allocate a tuple per row, and the restored state is most of the heap.
         with cyclic_gc_paused():
-            out = _process(rules, start_ms, watermark_ms, batches, markers)
+            out = _process(rules, start_ms, watermark_ms, batches, markers, changes)
         yield from out
 
     return run
@@ -220,6 +230,7 @@ def _process(
     watermark_ms: int,
     batches: Iterator[pa.RecordBatch],
     markers: bool,
+    changes: bool = False,
 ) -> list[pa.RecordBatch]:
     """One partition's rows in; its rows out (see the module doc's steps)."""
     import pyarrow as pa
@@ -246,7 +257,7 @@ def _process(
             carried = carried.filter(pc.not_equal(carried["state_kind"], STATE_EXPIRED))
         out.carried(carried)
         state_rows = state_rows.filter(pc.invert(untouched))
-        if markers:  # a stream's next state: its changes say which rows it replaced
+        if changes:  # a stream's next state: its changes say which rows it replaced
             out.replaced(state_rows)
     proc = PartitionProcessor(
         rules, rules.input.allowed_lateness_ms, state=_state_input(state_rows), start_ms=start_ms

@@ -47,6 +47,7 @@ from .outputs import (
     next_events,
     next_ops,
     ops_changes,
+    ops_rows,
     outcome_table,
     rejected_table,
     unmatched_table,
@@ -299,6 +300,7 @@ class DelayedOperations:
                     self.state.watermark,
                     watermark,
                     markers=self.options.carry,
+                    changes=self.options.carry,
                 )
             else:
                 self._rows = _persisted(
@@ -309,6 +311,7 @@ class DelayedOperations:
                         self.state.watermark,
                         watermark,
                         markers=self.options.carry,
+                        changes=self.options.carry,
                     )
                 )
         return self._rows
@@ -411,6 +414,11 @@ class DelayedOperations:
         if not self.options.carry:
             raise ValueError("state_changes needs StepOptions(carry=True)")
         return ops_changes(self.rows())
+
+    def ops_rows(self) -> DataFrame:
+        """The carried operations with their change (:func:`.outputs.ops_rows`): the
+        next state's ``ops`` and its changes in one frame, collected at once."""
+        return ops_rows(self.rows())
 
     def summary(self) -> dict[str, Any]:
         """The counts of ``summary.json``: records by class, rejects by reason, outcomes,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..rules import Rules
 from ..spark.classify import EVENT_STATE_COLUMNS
 from ..spark.frames import sql_name, to_arrow
-from ..spark.outputs import OPS_COLUMNS
+from ..spark.outputs import OPS_COLUMNS, split_ops
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from .checkpoint import Attempt, StateStore, fault
 from .evolution import StateAdjustment, rules_record
@@ -297,12 +297,13 @@ class MicroBatch:
         by Spark's writer.
         """
         entry = state_entry(self.held, self.store.snapshot_every, full=self.adjustment is not None)
-        state, changes = step.next_state(), step.state_changes()
-        if small:
-            state = {name: to_arrow(frame) for name, frame in state.items()}
-            changes = {name: to_arrow(frame) for name, frame in changes.items()}
+        if small:  # two collections: the events, the operations with their changes
+            ops = split_ops(to_arrow(step.ops_rows()))
+            state = {"events": to_arrow(step.next_state()["events"]), "ops": ops.pop("ops")}
+            changes: dict[str, Any] = ops
         else:
-            state = {name: frame.localCheckpoint(eager=False) for name, frame in state.items()}
+            state = {n: f.localCheckpoint(eager=False) for n, f in step.next_state().items()}
+            changes = step.state_changes()
         held, entry, out = next_resident(
             self.held, self.batch_id, attempt.tag, entry, state, changes
         )
