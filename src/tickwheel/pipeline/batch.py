@@ -52,6 +52,7 @@ from .spark.session import (
     partitions_for,
 )
 from .spark.step import DelayedOperations, StepOptions
+from .spark.workers import JobCheck, checked_by_the_job
 from .storage import LocalStorage, Storage, absolute, is_uri, join, storage_for
 
 if TYPE_CHECKING:
@@ -356,9 +357,10 @@ def run_job(
     )
     with (
         _stage_progress(spark, phases, on=progress is not None),
+        checked_by_the_job(spark) as workers,
         DelayedOperations(records, rules, options) as step,
     ):
-        _run_phases(spark, step, phases, out, output_format)
+        _run_phases(spark, step, phases, out, output_format, workers)
         summary = {
             "input": input_path,
             "input_files": len(files),
@@ -388,9 +390,19 @@ def _write_summary(storage: Storage, out: str, summary: Mapping[str, Any]) -> No
 
 
 def _run_phases(
-    spark: SparkSession, step: DelayedOperations, phases: _Phases, out: str, output_format: str
+    spark: SparkSession,
+    step: DelayedOperations,
+    phases: _Phases,
+    out: str,
+    output_format: str,
+    workers: JobCheck,
 ) -> None:
-    """The job's three phases, each with its progress line."""
+    """The job's three phases, each with its progress line.
+
+    The workers' check rides on the purgatory, the first job that runs Python
+    on them (:func:`.spark.workers.checked_by_the_job`), and fails the run
+    before anything is written.
+    """
     records = _described(spark, "read, validate, deduplicate", step.counts)
     phases.end(
         "read_dedup",
@@ -398,7 +410,13 @@ def _run_phases(
         f"{records.ignored:,} ignored, {records.rejected_total:,} rejected); "
         f"watermark {step.watermark}",
     )
-    loop = _described(spark, "purgatory", step.stats)
+    loop = _described(
+        spark,
+        "purgatory",
+        lambda: workers.after_first_python_job(
+            step.stats, step.rows, lambda stats: stats.partitions > 0
+        ),
+    )
     phases.end(
         "purgatory",
         f"ran {loop.partitions} partition(s) through the purgatory: "
