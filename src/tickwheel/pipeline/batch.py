@@ -11,7 +11,9 @@ operations are written ``pending`` and events above the watermark
    over the classified records gives the counts and the watermark W before
    any operation runs;
 2. **the purgatory** (one Spark job, persisted): the kept events by (rule,
-   key), each partition through one purgatory, up to W;
+   key), each partition through one purgatory, up to W. It is the job's
+   first with Python on the workers, and the workers' check rides on it
+   (:func:`.spark.workers.checked_by_the_job`: one small job over its rows);
 3. **write** the four tables concurrently (their fixed costs overlap), and
    the summary.
 
@@ -327,8 +329,10 @@ def run_job(
     Cost: one Spark job reads, parses and deduplicates (one shuffle by event
     id), keeping the classified records in memory; a second repartitions the
     kept events by key (a second shuffle) and runs the purgatory, keeping its
-    rows; the outputs and the summary are then small jobs over those, run
-    concurrently.
+    rows, and checks in one small job over them that the workers run this
+    tickwheel (:class:`~.spark.workers.WorkersError` otherwise, before
+    anything is written); the outputs and the summary are then small jobs
+    over those, run concurrently.
     """
     _check_output_format(output_format)
     phases = _Phases(progress if progress is not None else logger.info)

@@ -20,11 +20,12 @@ Two ways to check, with the same messages (:class:`WorkersError`):
   partition's own function (which needs tickwheel); a worker that fails
   gives one row of kind :data:`REPORT_KIND` instead of the partition's rows,
   and :meth:`JobCheck.after_first_python_job` raises the error before
-  anything is written. A fresh application's cold job then pays no job,
-  no query planning and no Python worker's start of its own for the check
-  (``docs/benchmarks.md``, "Cold start"). A worker that cannot even run the
-  purgatory's Arrow function (no pyarrow, another Python version) fails the
-  job; the probe above then says why.
+  anything is written: one small job over the purgatory's persisted rows. A
+  fresh application's cold job then pays no probe of its own, whose query was
+  the first a cold JVM planned and whose Python worker started before the
+  first stage could run (``benchmarks/bench_pipeline_cold.py``). A worker that
+  cannot even run the purgatory's Arrow function (no pyarrow, another Python
+  version) fails that job before the guard; the probe then says why.
 """
 
 from __future__ import annotations
