@@ -11,7 +11,9 @@ operations are written ``pending`` and events above the watermark
    over the classified records gives the counts and the watermark W before
    any operation runs;
 2. **the purgatory** (one Spark job, persisted): the kept events by (rule,
-   key), each partition through one purgatory, up to W;
+   key), each partition through one purgatory, up to W. It is the job's
+   first with Python on the workers, and the workers' check rides on it
+   (:func:`.spark.workers.checked_by_the_job`: one small job over its rows);
 3. **write** the four tables concurrently (their fixed costs overlap), and
    the summary.
 
@@ -52,6 +54,7 @@ from .spark.session import (
     partitions_for,
 )
 from .spark.step import DelayedOperations, StepOptions
+from .spark.workers import JobCheck, checked_by_the_job
 from .storage import LocalStorage, Storage, absolute, is_uri, join, storage_for
 
 if TYPE_CHECKING:
@@ -326,8 +329,10 @@ def run_job(
     Cost: one Spark job reads, parses and deduplicates (one shuffle by event
     id), keeping the classified records in memory; a second repartitions the
     kept events by key (a second shuffle) and runs the purgatory, keeping its
-    rows; the outputs and the summary are then small jobs over those, run
-    concurrently.
+    rows, and checks in one small job over them that the workers run this
+    tickwheel (:class:`~.spark.workers.WorkersError` otherwise, before
+    anything is written); the outputs and the summary are then small jobs
+    over those, run concurrently.
     """
     _check_output_format(output_format)
     phases = _Phases(progress if progress is not None else logger.info)
@@ -356,9 +361,10 @@ def run_job(
     )
     with (
         _stage_progress(spark, phases, on=progress is not None),
+        checked_by_the_job(spark) as workers,
         DelayedOperations(records, rules, options) as step,
     ):
-        _run_phases(spark, step, phases, out, output_format)
+        _run_phases(spark, step, phases, out, output_format, workers)
         summary = {
             "input": input_path,
             "input_files": len(files),
@@ -388,9 +394,19 @@ def _write_summary(storage: Storage, out: str, summary: Mapping[str, Any]) -> No
 
 
 def _run_phases(
-    spark: SparkSession, step: DelayedOperations, phases: _Phases, out: str, output_format: str
+    spark: SparkSession,
+    step: DelayedOperations,
+    phases: _Phases,
+    out: str,
+    output_format: str,
+    workers: JobCheck,
 ) -> None:
-    """The job's three phases, each with its progress line."""
+    """The job's three phases, each with its progress line.
+
+    The workers' check rides on the purgatory, the first job that runs Python
+    on them (:func:`.spark.workers.checked_by_the_job`), and fails the run
+    before anything is written.
+    """
     records = _described(spark, "read, validate, deduplicate", step.counts)
     phases.end(
         "read_dedup",
@@ -398,7 +414,13 @@ def _run_phases(
         f"{records.ignored:,} ignored, {records.rejected_total:,} rejected); "
         f"watermark {step.watermark}",
     )
-    loop = _described(spark, "purgatory", step.stats)
+    loop = _described(
+        spark,
+        "purgatory",
+        lambda: workers.after_first_python_job(
+            step.stats, step.rows, lambda stats: stats.partitions > 0
+        ),
+    )
     phases.end(
         "purgatory",
         f"ran {loop.partitions} partition(s) through the purgatory: "

@@ -114,11 +114,15 @@ def run_partitions(
 ) -> DataFrame:
     """``inputs`` (:data:`IN_COLUMNS`) by (rule, key) through :func:`partition_function`.
 
-    Lazy: one shuffle into ``partitions`` partitions, then ``mapInArrow``.
+    Lazy: one shuffle into ``partitions`` partitions, then ``mapInArrow``. Each
+    worker checks that it runs the driver's tickwheel first
+    (:func:`.workers.guarded`).
     """
+    from .workers import guarded
+
+    run = partition_function(rules, start_ms, watermark_ms, markers=markers, changes=changes)
     return inputs.repartition(partitions, "rule", "key").mapInArrow(
-        partition_function(rules, start_ms, watermark_ms, markers=markers, changes=changes),
-        OUT_DDL,
+        guarded(run, OUT_COLUMNS), OUT_DDL
     )
 
 

@@ -188,7 +188,7 @@ class DelayedOperations:
 
         opts = options or StepOptions()
         spark = records.sparkSession
-        check_workers(spark)  # one small job, the first time per application
+        check_workers(spark)  # one small job, the first time per application (see .workers)
         self.rules, self.options, self.state = rules, opts, state or CarriedState(None, None)
         self.spark = spark
         self.partitions = _check_partitions(opts.partitions, default_parallelism(spark))
