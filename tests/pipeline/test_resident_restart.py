@@ -87,6 +87,26 @@ def uninterrupted(
     return held
 
 
+def _first_job_then_the_rest(
+    orders: dict[str, Any],
+    tmp: Path,
+    spark: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    first: int,
+    clean_end: bool,
+) -> list[tuple[int, int, dict[str, Any]]]:
+    """A first job over ``first`` files (ended cleanly, or losing its state as a kill
+    would), then the rest of the files fed: the rebuilds the next job makes."""
+    monkeypatch.setenv(SNAPSHOT_EVERY_ENV, str(K))
+    feed(orders["files"][:first], tmp / "in", first)
+    with monkeypatch.context() as crash:
+        if not clean_end:  # as a kill would: the state held is lost, nothing written at the end
+            crash.setattr(file_job, "end_resident_state", _drop_resident)
+        assert _run(orders, tmp, spark)["batches_run"] == first
+    feed(orders["files"][first:], tmp / "in", INCREMENTS - first, start=first)
+    return _rebuilds(monkeypatch)
+
+
 def _rebuilds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, dict[str, Any]]]:
     """(batch, changelogs read, rows) of each state the micro-batches rebuild."""
     seen: list[tuple[int, int, dict[str, Any]]] = []
@@ -120,14 +140,7 @@ def test_a_restart_rebuilds_the_state_an_uninterrupted_run_held(
     clean_end: bool,
     changelogs: int,
 ) -> None:
-    monkeypatch.setenv(SNAPSHOT_EVERY_ENV, str(K))
-    feed(orders["files"][:first], tmp_path / "in", first)
-    with monkeypatch.context() as crash:
-        if not clean_end:  # as a kill would: the state held is lost, nothing written at the end
-            crash.setattr(file_job, "end_resident_state", _drop_resident)
-        assert _run(orders, tmp_path, spark)["batches_run"] == first
-    feed(orders["files"][first:], tmp_path / "in", INCREMENTS - first, start=first)
-    rebuilt = _rebuilds(monkeypatch)
+    rebuilt = _first_job_then_the_rest(orders, tmp_path, spark, monkeypatch, first, clean_end)
     assert _run(orders, tmp_path, spark)["batches_run"] == INCREMENTS - first
     assert [(b, n) for b, n, _ in rebuilt] == [(first - 1, changelogs)]
     assert rebuilt[0][2] == uninterrupted[first - 1]
@@ -145,13 +158,7 @@ def test_a_takeover_rebuilds_and_never_trusts_a_state_held_before(
     """The new owner's store is handed a state held for the right batch but not the
     attempt its commit names, with a row the state never had: the owner rebuilds,
     and nothing of that row reaches its state or outputs."""
-    monkeypatch.setenv(SNAPSHOT_EVERY_ENV, str(K))
-    feed(orders["files"][:K], tmp_path / "in", K)
-    with monkeypatch.context() as crash:
-        crash.setattr(file_job, "end_resident_state", _drop_resident)
-        _run(orders, tmp_path, spark)
-    feed(orders["files"][K:], tmp_path / "in", INCREMENTS - K, start=K)
-    rebuilt = _rebuilds(monkeypatch)
+    rebuilt = _first_job_then_the_rest(orders, tmp_path, spark, monkeypatch, K, clean_end=False)
     opened = StreamJob.__enter__
 
     def with_a_foreign_state(job: StreamJob) -> StreamJob:

@@ -73,7 +73,7 @@ REPORT_KIND = "workers"
 #: The guard's source, shipped by value as the probe is. ``payload`` is the
 #: partition's function, pickled on the driver: a worker unpickles it (which
 #: imports tickwheel) only once the check has passed. ``columns`` are the
-#: output's (name, ``string``/``long``/``binary``); with ``report`` false, a
+#: output's (name, ``string``/``long``/``binary``/``boolean``); with ``report`` false, a
 #: worker that fails raises instead of giving the report row.
 _GUARD_SOURCE = """
 def guard(version, payload, columns, report):
@@ -93,7 +93,8 @@ def guard(version, payload, columns, report):
                 f"Spark's Python workers cannot run tickwheel {version}: {json.dumps(found)}"
             )
         import pyarrow as pa
-        types = {"string": pa.string(), "long": pa.int64(), "binary": pa.binary()}
+        types = {"string": pa.string(), "long": pa.int64(), "binary": pa.binary(),
+                 "boolean": pa.bool_()}  # fmt: skip
         given = {"kind": "workers", "stats": json.dumps(found).encode()}
         yield pa.record_batch(
             [pa.array([given.get(name)], types[kind]) for name, kind in columns],
