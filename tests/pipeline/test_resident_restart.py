@@ -125,7 +125,7 @@ def _rebuilds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, dict[str,
     ("first", "clean_end", "changelogs"),
     [
         (K - 1, False, 1),  # batch 1: the snapshot of batch 0 and one changelog
-        (K, False, 2),  # batch 2: the snapshot of batch 0 and two changelogs
+        # K: batch 2, the snapshot of batch 0 and two changelogs, is the takeover's below
         (K + 1, False, 0),  # batch 3: a snapshot
         (K - 1, True, 0),  # batch 1, written whole when the first job ended
     ],
@@ -155,9 +155,10 @@ def test_a_takeover_rebuilds_and_never_trusts_a_state_held_before(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The new owner's store is handed a state held for the right batch but not the
-    attempt its commit names, with a row the state never had: the owner rebuilds,
-    and nothing of that row reaches its state or outputs."""
+    """A restart after K micro-batches, whose new owner's store is handed a state held
+    for the right batch but not the attempt its commit names, with a row the
+    state never had: the owner rebuilds (from the snapshot of batch 0 and two
+    changelogs), and nothing of that row reaches its state or outputs."""
     rebuilt = _first_job_then_the_rest(orders, tmp_path, spark, monkeypatch, K, clean_end=False)
     opened = StreamJob.__enter__
 

@@ -199,10 +199,14 @@ def test_stream_at_uris_commits_by_new_files_only(
     sink = ParquetSink(viewfs.uri("out"), spark)
     batches = sink.committed_batches()
     assert batches == [0, 1, 2]
+    # Kept: what the last two commits are rebuilt from, batch 0's snapshot and the
+    # changelogs of batches 1 and 2 (stream/resident.py).
     commits = (viewfs.root / "ck" / "tickwheel" / "commits").iterdir()
-    assert sorted(p.name for p in commits if not p.name.startswith(".")) == ["1.json", "2.json"]
+    assert sorted(p.name for p in commits if not p.name.startswith(".")) == [
+        "0.json", "1.json", "2.json",
+    ]  # fmt: skip
     assert sorted(p.name for p in (viewfs.root / "ck" / "tickwheel" / "state").iterdir()
-                  if not p.name.startswith(".")) == ["1", "2"]  # fmt: skip
+                  if not p.name.startswith(".")) == ["0", "1", "2"]  # fmt: skip
     outs = read_stream_outputs(spark, sink, viewfs.uri("ck"))
     compare_with_reference(outs, orders["ref"])
     before = {t: sorted(map(tuple, df.collect())) for t, df in outs.items() if df is not None}
