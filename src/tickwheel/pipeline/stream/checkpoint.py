@@ -60,28 +60,35 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..rules import format_duration
 from ..storage import Storage, create_json, is_uri, join, read_json
 
 if TYPE_CHECKING:
-    from .resident import ResidentState
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "FAULT_ENV",
     "FAULT_LOG_ENV",
     "FAULT_POINTS",
     "HEARTBEAT_ENV",
+    "SNAPSHOT_EVERY",
+    "SNAPSHOT_EVERY_ENV",
     "STATE_FORMAT",
     "Attempt",
     "CheckpointFenced",
     "CheckpointInUse",
     "CheckpointOwner",
+    "ResidentState",
     "StateStore",
     "StreamError",
     "fault",
     "owner_holding",
+    "snapshot_base",
+    "snapshot_every",
     "when_inactive",
 ]
 
@@ -557,6 +564,84 @@ def _wait_gone(pid: int, timeout: float) -> None:
         time.sleep(0.1)
 
 
+#: A snapshot every this many commits (K), as Spark's ``minDeltasForSnapshot``.
+SNAPSHOT_EVERY = 10
+#: Environment variable that sets K for a job (tests use small values).
+SNAPSHOT_EVERY_ENV = "TICKWHEEL_SNAPSHOT_EVERY"
+
+
+def snapshot_every() -> int:
+    """K: ``TICKWHEEL_SNAPSHOT_EVERY`` if set (an int >= 1), else :data:`SNAPSHOT_EVERY`. O(1)."""
+    text = os.environ.get(SNAPSHOT_EVERY_ENV)
+    if not text:
+        return SNAPSHOT_EVERY
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise ValueError(f"{SNAPSHOT_EVERY_ENV} must be an int >= 1, got {text!r}")
+    return k
+
+
+@dataclass
+class ResidentState:
+    """The state a committed batch left, held in this process.
+
+    Exactly one of ``tables`` (Arrow, in the driver) and ``frames`` (Spark
+    DataFrames, locally checkpointed) is set. ``attempt`` is the tag of the
+    attempt whose commit made it; ``base`` the batch of the snapshot its
+    chain of changelogs starts from, ``changelogs`` their number.
+    """
+
+    batch_id: int
+    attempt: str | None
+    rows: int
+    base: int
+    changelogs: int
+    tables: dict[str, pa.Table] | None = None
+    frames: dict[str, DataFrame] | None = None
+
+    def matches(self, batch_id: int | None, meta: Mapping[str, Any]) -> bool:
+        """Whether this is the state that the commit ``meta`` of ``batch_id`` names. O(1)."""
+        return batch_id == self.batch_id and meta.get("attempt") == self.attempt
+
+    def as_frames(self, spark: SparkSession) -> dict[str, DataFrame]:
+        """The tables as DataFrames: held ones as local relations (no job). O(1) calls."""
+        if self.frames is not None:
+            return self.frames
+        assert self.tables is not None
+        from ..spark.frames import from_arrow
+
+        return {name: from_arrow(spark, table) for name, table in self.tables.items()}
+
+    def as_tables(self) -> dict[str, pa.Table]:
+        """The tables as Arrow: held ones as they are, Spark's collected (a job each)."""
+        if self.tables is not None:
+            return self.tables
+        assert self.frames is not None
+        return {name: frame.toArrow() for name, frame in self.frames.items()}
+
+    def release(self) -> None:
+        """Let Spark drop the blocks of a state it keeps, now: a locally checkpointed
+        RDD is otherwise kept until the JVM's garbage collector finds it unreachable
+        (Spark's cleaner; a Connect client's frame releases it when collected).
+        O(tables)."""
+        for frame in (self.frames or {}).values():
+            jdf = getattr(frame, "_jdf", None)  # None under Spark Connect
+            if jdf is not None:
+                with contextlib.suppress(Exception):  # not a checkpoint's plan: nothing held
+                    jdf.queryExecution().logical().rdd().unpersist(False)
+        self.frames = self.tables = None
+
+
+def snapshot_base(meta: Mapping[str, Any], batch_id: int) -> int:
+    """The batch of the snapshot that the commit ``meta`` of ``batch_id`` builds on: its
+    own, for a snapshot or an older format's whole state. O(1)."""
+    entry = meta.get("state") or {}
+    return int(entry["base"]) if entry.get("kind") == "changelog" else batch_id
+
+
 class StateStore:
     """The carried state after each batch, and the commits that make it count.
 
@@ -572,8 +657,6 @@ class StateStore:
     def __init__(self, root: str, storage: Storage, owner: CheckpointOwner | None = None) -> None:
         """O(1): nothing is read or made until asked."""
         self.root, self.storage, self.owner = root, storage, owner
-        from .resident import snapshot_every
-
         #: The state the last batch this process committed left (:mod:`.resident`).
         self.resident: ResidentState | None = None
         #: K: every K-th commit after a snapshot writes the whole state (:mod:`.resident`).
@@ -827,8 +910,6 @@ class StateStore:
         Only committed batches are touched, so an attempt still running (one
         that will be fenced) loses nothing a commit names. O(batches kept).
         """
-        from .resident import snapshot_base
-
         keep = snapshot_base(meta, batch_id)
         before = self.latest_before(batch_id)
         if before is not None:

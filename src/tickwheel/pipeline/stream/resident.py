@@ -43,21 +43,25 @@ a dead owner's half-written ones).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..storage import create_json, join
+from .checkpoint import (
+    SNAPSHOT_EVERY,
+    SNAPSHOT_EVERY_ENV,
+    ResidentState,
+    StateStore,
+    fault,
+    snapshot_base,
+    snapshot_every,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import DataFrame, SparkSession
-
-    from .checkpoint import StateStore
 
 __all__ = [
     "SNAPSHOT_EVERY",
@@ -80,77 +84,8 @@ logger = logging.getLogger(__name__)
 
 #: The state's tables, in the order they are written.
 STATE_TABLES = ("events", "ops")
-#: A snapshot every this many commits (K), as Spark's ``minDeltasForSnapshot``.
-SNAPSHOT_EVERY = 10
-#: Environment variable that sets K for a job (tests use small values).
-SNAPSHOT_EVERY_ENV = "TICKWHEEL_SNAPSHOT_EVERY"
 #: The marker of a snapshot written after its batch's commit (at shutdown).
 SNAPSHOT_MARKER = "_snapshot.json"
-
-
-def snapshot_every() -> int:
-    """K: ``TICKWHEEL_SNAPSHOT_EVERY`` if set (an int >= 1), else :data:`SNAPSHOT_EVERY`. O(1)."""
-    text = os.environ.get(SNAPSHOT_EVERY_ENV)
-    if not text:
-        return SNAPSHOT_EVERY
-    try:
-        k = int(text)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise ValueError(f"{SNAPSHOT_EVERY_ENV} must be an int >= 1, got {text!r}")
-    return k
-
-
-@dataclass
-class ResidentState:
-    """The state a committed batch left, held in this process.
-
-    Exactly one of ``tables`` (Arrow, in the driver) and ``frames`` (Spark
-    DataFrames, locally checkpointed) is set. ``attempt`` is the tag of the
-    attempt whose commit made it; ``base`` the batch of the snapshot its
-    chain of changelogs starts from, ``changelogs`` their number.
-    """
-
-    batch_id: int
-    attempt: str | None
-    rows: int
-    base: int
-    changelogs: int
-    tables: dict[str, pa.Table] | None = None
-    frames: dict[str, DataFrame] | None = None
-
-    def matches(self, batch_id: int | None, meta: Mapping[str, Any]) -> bool:
-        """Whether this is the state that the commit ``meta`` of ``batch_id`` names. O(1)."""
-        return batch_id == self.batch_id and meta.get("attempt") == self.attempt
-
-    def as_frames(self, spark: SparkSession) -> dict[str, DataFrame]:
-        """The tables as DataFrames: held ones as local relations (no job). O(1) calls."""
-        if self.frames is not None:
-            return self.frames
-        assert self.tables is not None
-        from ..spark.frames import from_arrow
-
-        return {name: from_arrow(spark, table) for name, table in self.tables.items()}
-
-    def as_tables(self) -> dict[str, pa.Table]:
-        """The tables as Arrow: held ones as they are, Spark's collected (a job each)."""
-        if self.tables is not None:
-            return self.tables
-        assert self.frames is not None
-        return {name: frame.toArrow() for name, frame in self.frames.items()}
-
-    def release(self) -> None:
-        """Let Spark drop the blocks of a state it keeps, now: a locally checkpointed
-        RDD is otherwise kept until the JVM's garbage collector finds it unreachable
-        (Spark's cleaner; a Connect client's frame releases it when collected).
-        O(tables)."""
-        for frame in (self.frames or {}).values():
-            jdf = getattr(frame, "_jdf", None)  # None under Spark Connect
-            if jdf is not None:
-                with contextlib.suppress(Exception):  # not a checkpoint's plan: nothing held
-                    jdf.queryExecution().logical().rdd().unpersist(False)
-        self.frames = self.tables = None
 
 
 def state_entry(previous: ResidentState | None, every: int, full: bool = False) -> dict[str, Any]:
@@ -207,13 +142,6 @@ def next_resident(
     changed = {name.split(".")[0] for name in changes}
     whole = {name: table for name, table in state.items() if name not in changed}
     return resident, {**entry, "whole": sorted(whole)}, {**whole, **changes}
-
-
-def snapshot_base(meta: Mapping[str, Any], batch_id: int) -> int:
-    """The batch of the snapshot that the commit ``meta`` of ``batch_id`` builds on: its
-    own, for a snapshot or an older format's whole state. O(1)."""
-    entry = meta.get("state") or {}
-    return int(entry["base"]) if entry.get("kind") == "changelog" else batch_id
 
 
 # -- changes -----------------------------------------------------------------------
@@ -450,8 +378,6 @@ def write_shutdown_snapshot(store: StateStore) -> bool:
     A job killed midway leaves tables without the marker, which nothing reads
     and the owner's next prune deletes with the rest of the old attempt.
     """
-    from .checkpoint import fault
-
     state = store.resident
     if state is None or state.changelogs == 0 or not store.owns():
         return False
