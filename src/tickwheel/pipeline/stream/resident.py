@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..storage import create_json, join
@@ -216,37 +216,52 @@ def has_shutdown_snapshot(store: StateStore, batch_id: int, meta: Mapping[str, A
     return store.storage.exists(join(store.state_path(batch_id, meta), SNAPSHOT_MARKER))
 
 
-def committed_tables(
-    store: StateStore, batch_id: int, meta: Mapping[str, Any] | None = None
-) -> dict[str, pa.Table]:
-    """The state committed batch ``batch_id`` left, as Arrow tables read through the
-    checkpoint's storage (no Spark): its last snapshot, then each changelog after
-    it applied in order. A table missing from an older format's state is left
-    out. O(rows of the snapshot and of at most K - 1 changelogs)."""
-    chain = _chain(store, batch_id, meta)
+def _replay(
+    store: StateStore,
+    chain: list[tuple[int, dict[str, Any]]],
+    read: Callable[[str, str], Any],
+    apply: Callable[[Any, Any, Any], Any],
+) -> dict[str, Any]:
+    """The state at the end of ``chain`` (:func:`_chain`): its snapshot's tables, then
+    each changelog in order, a table it holds whole taken as it is, another's rows
+    removed and added (``apply(before, added, removed)``, None for no rows).
+    ``read(path, table)`` gives a directory's rows, None when it was not written.
+    A table missing from an older format's state is left out."""
     base = store.state_path(*chain[0])
-    tables = {
-        name: table
-        for name in STATE_TABLES
-        if (table := _read_table(store, join(base, name))) is not None
+    state = {
+        name: rows for name in STATE_TABLES if (rows := read(join(base, name), name)) is not None
     }
     for changed_id, changed_meta in chain[1:]:
         directory = store.state_path(changed_id, changed_meta)
         for name in STATE_TABLES:
             if name in _whole(changed_meta):
-                whole = _read_table(store, join(directory, name))
+                whole = read(join(directory, name), name)
                 if whole is not None:
-                    tables[name] = whole
+                    state[name] = whole
                 continue
-            added = _read_table(store, join(directory, f"{name}.added"))
-            removed = _read_table(store, join(directory, f"{name}.removed"))
-            if name not in tables:
+            added = read(join(directory, f"{name}.added"), name)
+            removed = read(join(directory, f"{name}.removed"), name)
+            if name not in state:
                 if added is not None:
-                    tables[name] = added
+                    state[name] = added
             elif added is not None or removed is not None:
-                tables[name] = apply_table_changes(tables[name], added, removed)
-    _log_rebuilt(batch_id, chain)
-    return tables
+                state[name] = apply(state[name], added, removed)
+    return state
+
+
+def committed_tables(
+    store: StateStore, batch_id: int, meta: Mapping[str, Any] | None = None
+) -> dict[str, pa.Table]:
+    """The state committed batch ``batch_id`` left, as Arrow tables read through the
+    checkpoint's storage (no Spark): its last snapshot, then each changelog after
+    it applied in order (:func:`apply_table_changes`). A table missing from an
+    older format's state is left out. O(rows of the snapshot and of at most K - 1
+    changelogs)."""
+    return _tables(store, _chain(store, batch_id, meta))
+
+
+def _tables(store: StateStore, chain: list[tuple[int, dict[str, Any]]]) -> dict[str, pa.Table]:
+    return _replay(store, chain, lambda path, _name: _read_table(store, path), apply_table_changes)
 
 
 def _read_table(store: StateStore, directory: str) -> pa.Table | None:
@@ -279,45 +294,26 @@ def committed_frames(
     last snapshot with each changelog after it applied (``exceptAll``, then a union).
     ``schemas`` (each table's DDL) spares Spark reading the files' footers. A
     table missing from an older format's state is left out. Lazy: O(K) reads."""
-    chain = _chain(store, batch_id, meta)
-    base = store.state_path(*chain[0])
+    return _frames(store, spark, _chain(store, batch_id, meta), schemas)
 
+
+def _frames(
+    store: StateStore,
+    spark: SparkSession,
+    chain: list[tuple[int, dict[str, Any]]],
+    schemas: Mapping[str, str] | None,
+) -> dict[str, DataFrame]:
     def read(path: str, name: str) -> DataFrame | None:
         if not store.storage.exists(path):
             return None
         reader = spark.read if schemas is None else spark.read.schema(schemas[name])
         return reader.parquet(path)
 
-    frames = {
-        name: frame for name in STATE_TABLES if (frame := read(join(base, name), name)) is not None
-    }
-    for changed_id, changed_meta in chain[1:]:
-        directory = store.state_path(changed_id, changed_meta)
-        for name in STATE_TABLES:
-            if name in _whole(changed_meta):
-                whole = read(join(directory, name), name)
-                if whole is not None:
-                    frames[name] = whole
-                continue
-            added = read(join(directory, f"{name}.added"), name)
-            removed = read(join(directory, f"{name}.removed"), name)
-            if name not in frames:
-                if added is not None:
-                    frames[name] = added
-                continue
-            if removed is not None:
-                frames[name] = frames[name].exceptAll(removed)
-            if added is not None:
-                frames[name] = frames[name].unionByName(added)
-    _log_rebuilt(batch_id, chain)
-    return frames
+    def apply(before: DataFrame, added: DataFrame | None, removed: DataFrame | None) -> DataFrame:
+        after = before if removed is None else before.exceptAll(removed)
+        return after if added is None else after.unionByName(added)
 
-
-def _log_rebuilt(batch_id: int, chain: list[tuple[int, dict[str, Any]]]) -> None:
-    logger.debug(
-        "the state of batch %d read from the snapshot of batch %d and %d changelog(s)",
-        batch_id, chain[0][0], len(chain) - 1,
-    )  # fmt: skip
+    return _replay(store, chain, read, apply)
 
 
 def rebuild(
@@ -329,16 +325,16 @@ def rebuild(
     in_driver: bool,
 ) -> ResidentState:
     """The state committed batch ``batch_id`` left, rebuilt from storage to be held:
-    as Arrow in the driver when ``in_driver`` (:func:`committed_tables`, no Spark
-    job), else locally checkpointed by Spark (:func:`committed_frames`)."""
+    as Arrow in the driver when ``in_driver`` (as :func:`committed_tables`, no Spark
+    job), else locally checkpointed by Spark (as :func:`committed_frames`)."""
     chain = _chain(store, batch_id, meta)
     base, changelogs = chain[0][0], len(chain) - 1
     state = ResidentState(batch_id, meta.get("attempt"), 0, base, changelogs)
     if in_driver:
-        state.tables = committed_tables(store, batch_id, meta)
+        state.tables = _tables(store, chain)
         state.rows = sum(t.num_rows for t in state.tables.values())
     else:
-        frames = committed_frames(store, spark, batch_id, meta, schemas)
+        frames = _frames(store, spark, chain, schemas)
         state.frames = {name: frame.localCheckpoint(eager=True) for name, frame in frames.items()}
         state.rows = sum(frame.count() for frame in state.frames.values())
     logger.info(
