@@ -14,11 +14,23 @@ from tickwheel.pipeline.rules import Rule, Rules, load_rules
 from tickwheel.pipeline.sinks import make_sink
 from tickwheel.pipeline.spark.records import INT_PATTERN, ISO_PATTERN
 from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 __all__ = [
-    "INT_PATTERN", "ISO_PATTERN", "STREAM_SESSION_CONF", "Event", "PartitionProcessor", "Rule",
-    "Rules", "StreamConfig", "StreamJob", "create_session", "generate_orders", "load_rules",
-    "make_sink", "read_stream_outputs", "run_job",
+    "INT_PATTERN",
+    "ISO_PATTERN",
+    "STREAM_SESSION_CONF",
+    "Event",
+    "FileStreamJob",
+    "PartitionProcessor",
+    "Rule",
+    "Rules",
+    "StreamConfig",
+    "create_session",
+    "generate_orders",
+    "load_rules",
+    "make_sink",
+    "read_stream_outputs",
+    "run_job",
 ]  # fmt: skip

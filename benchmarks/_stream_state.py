@@ -9,10 +9,12 @@ a processor's heap and in the checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +75,17 @@ def python_workers(jvm: int) -> list[int]:
     return found
 
 
-def sample_memory_per_batch(job: Any, spark: Any, memory: list[dict[str, float]]) -> None:
-    """After each micro-batch, record the JVM's and the Python workers' RSS and peak RSS."""
-    jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    inner = job._run_batch
+@contextlib.contextmanager
+def memory_per_batch(spark: Any, memory: list[dict[str, float]]) -> Iterator[None]:
+    """Within the block, after each micro-batch of this process's streams, record the
+    JVM's and the Python workers' RSS and peak RSS."""
+    from tickwheel.pipeline.stream.runner import MicroBatches
 
-    def run_batch(batch_id: int, plan: Any) -> Any:
-        out = inner(batch_id, plan)
+    jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    inner = MicroBatches.__call__
+
+    def run_batch(self: MicroBatches, frame: Any, batch_id: int) -> Any:
+        out = inner(self, frame, batch_id)
         workers = [pid for pid in python_workers(jvm) if Path(f"/proc/{pid}").exists()]
         memory.append({
             "jvm_rss": status_mb(jvm, "VmRSS"), "jvm_peak": status_mb(jvm, "VmHWM"),
@@ -89,7 +95,11 @@ def sample_memory_per_batch(job: Any, spark: Any, memory: list[dict[str, float]]
         })  # fmt: skip
         return out
 
-    job._run_batch = run_batch
+    MicroBatches.__call__ = run_batch  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MicroBatches.__call__ = inner  # type: ignore[method-assign]
 
 
 def state_bytes_per_pending(n: int = 100_000) -> float:
@@ -145,7 +155,7 @@ def state_line(spark: Any, run: Path) -> str:
     from tickwheel.pipeline.stream.checkpoint import StateStore
 
     store = StateStore(str(run / "ck" / "tickwheel"), LocalStorage())
-    last = Path(store.state_path(store.committed()[-1]))
+    last = Path(store.state_path(store.read_commit(store.committed()[-1])))
     ops = spark.read.parquet(str(last / "ops"))
     pending = ops.where(F.col("kind") == "pending").count()
     rows, size = ops.count(), _dir_bytes(last / "ops")
@@ -154,7 +164,7 @@ def state_line(spark: Any, run: Path) -> str:
 
 
 def print_memory(memory: list[dict[str, float]]) -> None:
-    """Print what :func:`sample_memory_per_batch` recorded, one line per micro-batch."""
+    """Print what :func:`memory_per_batch` recorded, one line per micro-batch."""
     print("memory after each increment (MB; the best stream run): "
           "JVM RSS / peak, Python workers' largest RSS / peak, this driver's peak")  # fmt: skip
     for i, m in enumerate(memory):

@@ -34,9 +34,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _pipeline_names import StreamConfig, StreamJob, create_session, generate_orders
+from _pipeline_names import FileStreamJob, StreamConfig, create_session, generate_orders
 from _stream_inputs import feed, lateness_rules
 from _stream_peers import SOURCE_SCHEMA
+
+from tickwheel.pipeline.stream.runner import MicroBatches
 
 #: The storage methods counted: each is one request (or more) to an object store.
 STORAGE_CALLS = (
@@ -83,23 +85,23 @@ def _stream_counts(spark: Any, rules: Path, inp: Path, work: Path) -> list[dict[
     config = StreamConfig(
         rules_path=str(rules), input=str(inp), output=str(work / "out"),
         checkpoint=str(work / "ck"), trigger="available-now", max_files_per_trigger=1,
-        partitions=2, quiet=True,
+        partitions=2,
     )  # fmt: skip
     jobs = _job_counter(spark)
     per_batch: list[dict[str, Any]] = []
-    with StreamJob(config, spark=spark) as job:
+    with FileStreamJob(config, spark=spark) as job:
         calls: Counter[str] = Counter()
         _count_storage(job.store.storage, calls)
-        runner_call = job._on_batch
+        runner_call = MicroBatches.__call__
 
-        def counting(frame: Any, batch_id: int) -> Any:
+        def counting(self: MicroBatches, frame: Any, batch_id: int) -> Any:
             sink_storage = getattr(job.sink, "storage", None)
             if sink_storage is not None and not getattr(sink_storage, "_counted", False):
                 _count_storage(sink_storage, calls)
                 sink_storage._counted = True
             calls.clear()
             files, first_job, started = _files(work), jobs(), time.perf_counter()
-            out = runner_call(frame, batch_id)
+            out = runner_call(self, frame, batch_id)
             names = [_job_name(spark, j) for j in range(first_job, jobs())]
             per_batch.append({
                 "jobs": jobs() - first_job,
@@ -111,8 +113,11 @@ def _stream_counts(spark: Any, rules: Path, inp: Path, work: Path) -> list[dict[
             })  # fmt: skip
             return out
 
-        job._on_batch = counting  # type: ignore[method-assign]
-        job.run()
+        MicroBatches.__call__ = counting  # type: ignore[method-assign]
+        try:
+            job.run()
+        finally:
+            MicroBatches.__call__ = runner_call  # type: ignore[method-assign]
     return per_batch
 
 

@@ -69,6 +69,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -84,10 +85,10 @@ from _cli_comparison import add_arguments as add_cli_arguments
 from _cli_comparison import cli_comparison
 from _pipeline_names import (
     STREAM_SESSION_CONF,
+    FileStreamJob,
     Rule,
     Rules,
     StreamConfig,
-    StreamJob,
     create_session,
     generate_orders,
     load_rules,
@@ -96,9 +97,9 @@ from _pipeline_names import (
 )
 from _stream_inputs import count_records, feed, lateness_rules, sci
 from _stream_state import (
+    memory_per_batch,
     parquet_bytes_per_pending,
     print_memory,
-    sample_memory_per_batch,
     state_bytes_per_pending,
     state_line,
 )
@@ -123,12 +124,10 @@ def _incremental(
         trigger="available-now",
         max_files_per_trigger=1,
         partitions=partitions,
-        quiet=True,
     )
     started = time.perf_counter()
-    with StreamJob(cfg, spark=spark) as job:
-        if memory is not None:
-            sample_memory_per_batch(job, spark, memory)
+    sampled = memory_per_batch(spark, memory) if memory is not None else contextlib.nullcontext()
+    with FileStreamJob(cfg, spark=spark) as job, sampled:
         summary = job.run()
         seconds = time.perf_counter() - started
         assert job.sink is not None

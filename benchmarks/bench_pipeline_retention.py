@@ -47,7 +47,7 @@ def _rules(path: Path, retention: str) -> Path:
 def _run(spark: Any, rules: Path, inp: Path, work: Path, partitions: int) -> Any:
     """One stream over ``inp``: (watermark, ops rows) per committed batch, and the outputs."""
     from support.state_rows import record_ops_rows
-    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
     from tickwheel.pipeline.stream.start import read_stream_outputs
 
     cfg = StreamConfig(
@@ -58,10 +58,9 @@ def _run(spark: Any, rules: Path, inp: Path, work: Path, partitions: int) -> Any
         trigger="available-now",
         max_files_per_trigger=1,
         partitions=partitions,
-        quiet=True,
     )
     seen: list[tuple[int, int]] = []
-    with StreamJob(cfg, spark=spark) as job:
+    with FileStreamJob(cfg, spark=spark) as job:
         record_ops_rows(job, seen)
         job.run()
         assert job.sink is not None

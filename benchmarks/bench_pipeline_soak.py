@@ -4,7 +4,7 @@
         [--clean-source delete] [--retention 10m] [--window 30] [--histogram]
         [--spark-history N] [--progress-metrics]
 
-``tickwheel pipeline stream``'s job (``StreamJob``, the ordered file source)
+``tickwheel pipeline stream``'s job (``FileStreamJob``, the ordered file source)
 runs in this process on one classic ``local[2]`` session, with a
 ``--trigger interval=100ms``. A feeder thread drops one file of generated
 orders into the input whenever the previous one has been taken, so every
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     from tickwheel.pipeline.rules import parse_duration
     from tickwheel.pipeline.spark.class_archive import find
     from tickwheel.pipeline.spark.session import STREAM_SESSION_CONF, create_session
-    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
     from tickwheel.pipeline.stream.progress import COMPANION_PREFIX
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-bench-soak-"))
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     config = StreamConfig(
         rules_path=str(rules_path), input=str(inp), output=str(work / "out"),
         checkpoint=str(ck), trigger="interval=100ms", max_files_per_trigger=1,
-        partitions=args.partitions, quiet=True, clean_source=args.clean_source,
+        partitions=args.partitions, clean_source=args.clean_source,
         source_archive_dir=str(work / "archive") if args.clean_source == "archive" else None,
         progress_metrics=args.progress_metrics,
     )  # fmt: skip
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         args=(soak, files, inp, ck, jvm, jvm_pid, args.window, samples, stop, args.histogram),
         daemon=True,
     )
-    with StreamJob(config, spark=spark) as job:
+    with FileStreamJob(config, spark=spark) as job:
         feeder.start()
         job.run()
         feeder.join(STUCK_S)

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time() * 1000
             wall = time.perf_counter()
             if args.incremental:
-                from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+                from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 
                 inp = work / f"in-{run}"
                 shutil.rmtree(inp, ignore_errors=True)
@@ -262,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = StreamConfig(
                     rules_path=str(rules_path), input=str(inp), output=str(work / f"out-{run}"),
                     checkpoint=str(work / f"ck-{run}"), max_files_per_trigger=1,
-                    partitions=args.partitions, quiet=True, max_future_ms=None,
+                    partitions=args.partitions, max_future_ms=None,
                 )  # fmt: skip
-                StreamJob(cfg, spark=spark).run()
+                FileStreamJob(cfg, spark=spark).run()
                 phases: Any = "see the stages"
             else:
                 summary = run_job(spark, rules, str(data), str(work / "out"),

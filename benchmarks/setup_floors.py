@@ -31,7 +31,6 @@ def main() -> None:
         include_path=[str(ROOT / "src")],
         build_dir=str(BUILD),
         compiler_directives={"language_level": "3"},
-        quiet=True,
     )
     setup(
         name="tickwheel-benchmark-floors",

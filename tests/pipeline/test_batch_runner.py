@@ -46,7 +46,7 @@ def _runner() -> BatchRunner:
     def process(_frame: Any, _batch_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
         return {}, {"events": 1, "warnings": []}
 
-    return BatchRunner(store, sink=None, process=process, quiet=True)  # type: ignore[arg-type]
+    return BatchRunner(store, sink=None, process=process)  # type: ignore[arg-type]
 
 
 @pytest.mark.usefixtures("no_automatic_collection")

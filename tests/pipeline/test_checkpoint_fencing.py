@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,6 +20,7 @@ from tickwheel.pipeline.stream.checkpoint import (
     Attempt,
     CheckpointFenced,
     CheckpointOwner,
+    Commit,
     StateStore,
     StreamError,
 )
@@ -38,10 +38,10 @@ def _job(root: Path) -> StateStore:
     return store
 
 
-def _commit(store: StateStore, batch_id: int) -> dict[str, Any]:
+def _commit(store: StateStore, batch_id: int) -> Commit:
     attempt = Attempt.new(store.token)
     (Path(store.attempt_path(batch_id, attempt)) / "ops").mkdir(parents=True)
-    return store.commit(batch_id, {"batch_id": batch_id, "attempt": attempt.tag})
+    return store.commit(Commit(batch_id, attempt=attempt.tag))
 
 
 def _frozen_after_its_check(store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +66,7 @@ def test_a_job_that_wakes_after_a_takeover_cannot_commit(
     _commit(second, 2)
     _commit(second, 3)
     assert second.committed() == [0, 1, 2, 3]
-    assert second.meta(2)["owner_token"] == 2
+    assert second.read_commit(2).stamp.owner_token == 2
     assert Path(second.commits, "2.2.json").exists()  # the fence's own slot
 
 
@@ -94,7 +94,7 @@ def test_a_commit_that_wins_the_race_stands_and_the_fence_moves_on(
     second = StateStore(str(tmp_path), storage, owner)
     storage.create = create  # type: ignore[method-assign]
     assert second.fence() == 2
-    assert second.meta(1)["owner_token"] == 1  # the predecessor's commit stands
+    assert second.read_commit(1).stamp.owner_token == 1  # the predecessor's commit stands
     assert second.committed() == [0, 1]
     with pytest.raises(CheckpointFenced, match="token 2"):
         _commit(first, 2)
@@ -116,7 +116,7 @@ def test_a_fence_whose_owner_died_is_fenced_by_the_next(
         _commit(first, 1)
     _commit(third, 1)
     assert third.committed() == [0, 1]
-    assert third.meta(1)["owner_token"] == 3
+    assert third.read_commit(1).stamp.owner_token == 3
     assert Path(third.commits, "1.3.json").exists()
 
 
@@ -147,9 +147,12 @@ def test_only_the_committed_attempt_is_kept(tmp_path: Path) -> None:
     crashed = Attempt.new(store.token)
     (Path(store.attempt_path(0, crashed)) / "ops").mkdir(parents=True)
     record = _commit(store, 0)
-    store.prune(0, record)
-    assert sorted(p.name for p in Path(store.path(0)).iterdir()) == [record["attempt"]]
-    assert store.state_path(0) == store.attempt_path(0, Attempt(store.token, record["attempt"][3:]))
+    store.prune(record)
+    assert record.attempt is not None
+    assert sorted(p.name for p in Path(store.batch_dir(0)).iterdir()) == [record.attempt]
+    assert store.state_path(store.read_commit(0)) == store.attempt_path(
+        0, Attempt(store.token, record.attempt[3:])
+    )
 
 
 def test_a_committed_batch_is_not_committed_again(tmp_path: Path) -> None:
@@ -183,7 +186,7 @@ def test_a_fence_outlives_the_pruning_of_its_batch(
     _frozen_after_its_check(first, monkeypatch)
     second = _job(tmp_path)
     for batch_id in (1, 2, 3):
-        second.prune(batch_id, _commit(second, batch_id))
+        second.prune(_commit(second, batch_id))
     assert sorted(p.name for p in Path(second.commits).iterdir()) == ["1.json", "2.json", "3.json"]
     assert second.committed() == [2, 3]  # 1's commit pruned; its fence kept
     with pytest.raises(CheckpointFenced, match="token 2"):

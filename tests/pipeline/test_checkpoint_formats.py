@@ -26,7 +26,7 @@ from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.checkpoint import STATE_FORMAT
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
@@ -77,9 +77,9 @@ def test_this_release_goes_on_from_a_kept_checkpoint(
     shutil.copy(copy / "in-2.jsonl", copy / "in" / "2.jsonl")
     config = StreamConfig(
         rules_path=str(copy / "rules.toml"), input=str(copy / "in"), output=str(copy / "out"),
-        checkpoint=str(copy / "ck"), max_files_per_trigger=1, partitions=1, quiet=True,
+        checkpoint=str(copy / "ck"), max_files_per_trigger=1, partitions=1,
     )  # fmt: skip
-    with StreamJob(config, spark=spark) as job:
+    with FileStreamJob(config, spark=spark) as job:
         summary = job.run()
     assert summary["batches_run"] == 1, summary
     lines = [line for i in range(3) for line in iter_input_lines(copy / f"in-{i}.jsonl")]

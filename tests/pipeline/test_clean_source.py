@@ -24,7 +24,7 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.stream.checkpoint import StreamError
 from tickwheel.pipeline.stream.cli import main
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 from tickwheel.pipeline.stream.status import checkpoint_status
 
@@ -48,9 +48,9 @@ def _run(spark: Any, tmp: Path, rules: Path, input: str, **kw: Any) -> dict[str,
     """A quiet job on ``input`` with ``tmp``'s ``out`` and ``ck``: its summary and outputs."""
     config = StreamConfig(
         rules_path=str(rules), input=input, output=str(tmp / "out"), checkpoint=str(tmp / "ck"),
-        max_files_per_trigger=1, quiet=True, **kw,
+        max_files_per_trigger=1, **kw,
     )  # fmt: skip
-    with StreamJob(config, spark=spark) as job:
+    with FileStreamJob(config, spark=spark) as job:
         summary = job.run()
         assert job.sink is not None
         summary["outputs"] = read_stream_outputs(spark, job.sink, str(tmp / "ck"))
@@ -157,7 +157,7 @@ def test_the_options_are_checked_before_spark_starts(
     config = StreamConfig(str(rules), str(inp), str(tmp_path / "out"), str(tmp_path / "ck"),
                           clean_source="move")  # fmt: skip
     with pytest.raises(StreamError, match="--clean-source: expected off, archive or delete"):
-        StreamJob(config)
+        FileStreamJob(config)
 
 
 def test_the_options_reach_the_source_by_sparks_names(tmp_path: Path) -> None:
@@ -171,8 +171,8 @@ def test_the_options_reach_the_source_by_sparks_names(tmp_path: Path) -> None:
         max_files_per_trigger=2, clean_source="archive", source_archive_dir=str(tmp_path / "a"),
         max_file_age="7d",
     )  # fmt: skip
-    with StreamJob(config) as job:
-        assert job._source_options() == {
+    with FileStreamJob(config) as job:
+        assert job.files.source_options() == {
             "maxFilesPerTrigger": "2",
             "cleanSource": "archive",
             "sourceArchiveDir": str(tmp_path / "a"),
@@ -180,8 +180,8 @@ def test_the_options_reach_the_source_by_sparks_names(tmp_path: Path) -> None:
         }
     default = StreamConfig(str(rules), str(tmp_path / "in"), str(tmp_path / "out"),
                            str(tmp_path / "ck2"))  # fmt: skip
-    with StreamJob(default) as job:
-        assert job._source_options() == {}  # Spark's own source keeps its defaults
+    with FileStreamJob(default) as job:
+        assert job.files.source_options() == {}  # Spark's own source keeps its defaults
 
 
 def test_status_counts_what_a_compacted_log_took_and_what_waits(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from tickwheel._cli import main
 from tickwheel.pipeline.batch import run_job
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.spark.records import MISSING_FILE
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
@@ -238,7 +238,7 @@ def test_batch_far_future_guard_can_be_turned_off(
 # ----------------------------------------------------------------------------- stream
 
 
-class _HookedJob(StreamJob):
+class _HookedJob(FileStreamJob):
     """A stream job that runs a hook when a batch's plan names a given file."""
 
     hooks: dict[str, Callable[[], None]]
@@ -287,7 +287,7 @@ def test_stream(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         write(f"{i:02d}-after.jsonl", _good(T0 + i * 120_000 + 60_000, f"after{i}"))
     config = StreamConfig(
         rules_path=str(rules), input=str(inp), output=str(out), checkpoint=str(ck),
-        max_files_per_trigger=1, quiet=True,
+        max_files_per_trigger=1,
     )  # fmt: skip
     with _HookedJob(config, spark=spark) as job:
         job.hooks = hooks
@@ -349,9 +349,9 @@ def test_sqlite_sink_keeps_invalid_bytes_as_a_blob(spark: Any, tmp_path: Path) -
     (inp / "a.jsonl").write_bytes(_good(T0, "g") + b"\xb2\xff not json\n")
     config = StreamConfig(
         rules_path=str(tmp_path / "rules.toml"), input=str(inp), output=str(tmp_path / "out"),
-        checkpoint=str(tmp_path / "ck"), sink="sqlite", quiet=True,
+        checkpoint=str(tmp_path / "ck"), sink="sqlite",
     )  # fmt: skip
-    with StreamJob(config, spark=spark) as job:
+    with FileStreamJob(config, spark=spark) as job:
         job.run()
     tables = load_everywhere(tmp_path / "out" / "tickwheel.db", "sqlite")
     rejected = tables["rejected"]

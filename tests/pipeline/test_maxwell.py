@@ -21,7 +21,7 @@ from tickwheel.pipeline.spark.maxwell import (
     parse_event_spec,
 )
 from tickwheel.pipeline.spark.records import parse_records, record_fields_frame
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 SAMPLE = ROOT / "examples" / "maxwell_orders.jsonl"
@@ -98,10 +98,9 @@ def _stream_sample(
         checkpoint=str(tmp_path / "ck"),
         input_format="maxwell",
         trigger="once",
-        quiet=True,
         **config,
     )
-    with StreamJob(cfg, spark=spark) as job:
+    with FileStreamJob(cfg, spark=spark) as job:
         summary = job.run()
         assert job.sink is not None
         outs = read_stream_outputs(spark, job.sink, str(tmp_path / "ck"))

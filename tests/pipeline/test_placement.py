@@ -14,14 +14,14 @@ PER = MICRO_BATCH_ROWS_PER_PARTITION
 @pytest.mark.parametrize(
     ("records", "rows", "expected"),
     [
-        (1_000, 5_000, Placement(1, small=True, in_driver=True)),
-        (DRIVER_ROWS, DRIVER_ROWS, Placement(1, small=True, in_driver=True)),
-        (DRIVER_ROWS + 1, 5_000, Placement(1, small=True, in_driver=False)),
-        (1_000, DRIVER_ROWS + 1, Placement(1, small=True, in_driver=False)),
-        (PER, PER, Placement(1, small=True, in_driver=False)),
-        (PER + 1, PER, Placement(1, small=False, in_driver=False)),
-        (1_000, PER + 1, Placement(2, small=False, in_driver=False)),
-        (1_000, 10 * PER, Placement(3, small=False, in_driver=False)),
+        (1_000, 5_000, Placement(1, driver_writes=True, runs_in_driver=True)),
+        (DRIVER_ROWS, DRIVER_ROWS, Placement(1, driver_writes=True, runs_in_driver=True)),
+        (DRIVER_ROWS + 1, 5_000, Placement(1, driver_writes=True, runs_in_driver=False)),
+        (1_000, DRIVER_ROWS + 1, Placement(1, driver_writes=True, runs_in_driver=False)),
+        (PER, PER, Placement(1, driver_writes=True, runs_in_driver=False)),
+        (PER + 1, PER, Placement(1, driver_writes=False, runs_in_driver=False)),
+        (1_000, PER + 1, Placement(2, driver_writes=False, runs_in_driver=False)),
+        (1_000, 10 * PER, Placement(3, driver_writes=False, runs_in_driver=False)),
     ],
 )
 def test_a_micro_batch_is_placed_by_its_records_and_rows(
@@ -47,6 +47,6 @@ def test_placement_invariants(partitions: int, per: int, records: int, rows: int
     """Between one and ``partitions`` partitions; a held run is small and has one."""
     placed = Placement.of(partitions, per, records, rows)
     assert 1 <= placed.partitions <= partitions
-    assert not placed.in_driver or placed.small
-    assert not placed.small or placed.partitions == 1
-    assert placed.in_driver == (max(records, rows) <= min(per, DRIVER_ROWS))
+    assert not placed.runs_in_driver or placed.driver_writes
+    assert not placed.driver_writes or placed.partitions == 1
+    assert placed.runs_in_driver == (max(records, rows) <= min(per, DRIVER_ROWS))

@@ -29,6 +29,7 @@ from tickwheel.pipeline import checkpoint_status, start_stream
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
+from tickwheel.pipeline.stream.checkpoint import Commit
 from tickwheel.pipeline.stream.progress import (
     COUNTERS,
     GAUGES,
@@ -159,13 +160,13 @@ def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None
         def committed(self) -> list[int]:
             return self.done
 
-        def meta(self, batch_id: int) -> dict[str, Any]:
-            return {}  # the commit of a published batch: nothing to publish again
+        def read_commit(self, batch_id: int) -> Commit:
+            return Commit(batch_id)  # the commit of a published batch: nothing to publish again
 
         def owns(self) -> bool:
             return True
 
-        def prune(self, batch_id: int, meta: dict[str, Any]) -> None:
+        def prune(self, commit: Commit) -> None:
             pass
 
     store = Store()
@@ -176,7 +177,7 @@ def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None
         return {}, {"events": 5, "expired": 2, "watermark": 1000, "warnings": ["w"]}
 
     published_sink = SimpleNamespace(is_committed=lambda _batch_id: True)
-    runner = BatchRunner(store, published_sink, process, quiet=True,  # type: ignore[arg-type]
+    runner = BatchRunner(store, published_sink, process,  # type: ignore[arg-type]
                          publish=lambda b, counts: published.append((b, dict(counts))))  # fmt: skip
     runner(None, 0)  # type: ignore[arg-type]
     runner(None, 0)  # type: ignore[arg-type]
@@ -207,7 +208,7 @@ def test_a_spool_that_cannot_be_written_does_not_stop_the_stream(
         done.append(batch_id)
         return {}, {"events": 1, "watermark": 5, "warnings": []}
 
-    runner = BatchRunner(Store(), None, process, True, spool.write)  # type: ignore[arg-type]
+    runner = BatchRunner(Store(), None, process, spool.write)  # type: ignore[arg-type]
     runner(None, 4)  # type: ignore[arg-type]
     assert done == [4] and runner.batches_run == 1
     assert "batch 4: warning: its figures were not published" in caplog.text
@@ -334,7 +335,7 @@ def test_the_command_lines_job_reports_to_listeners_and_stops_its_companion(
 ) -> None:
     """``tickwheel pipeline stream --progress-metrics``: the listener's figures add up
     to the run's summary, and the companion has stopped when the job returns."""
-    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 
     gen = tmp_path / "gen"
     generate_orders(150, gen, seed=7, files=3, mean_gap_ms=20_000)
@@ -342,13 +343,13 @@ def test_the_command_lines_job_reports_to_listeners_and_stops_its_companion(
     feed(sorted(gen.glob("part-*.jsonl")), fresh(tmp_path / "in"), 3)
     config = StreamConfig(
         rules_path=str(rules_path), input=str(tmp_path / "in"), output=str(tmp_path / "out"),
-        checkpoint=str(tmp_path / "ck"), max_files_per_trigger=1, quiet=True,
+        checkpoint=str(tmp_path / "ck"), max_files_per_trigger=1,
         progress_metrics=True,
     )  # fmt: skip
     figures = FiguresListener()
     spark.streams.addListener(figures.listener)
     try:
-        with StreamJob(config, spark=spark) as job:
+        with FileStreamJob(config, spark=spark) as job:
             summary = job.run()
         assert not [q.name for q in spark.streams.active]
         query_ids = {r["query_id"] for r in figures.reports}

@@ -19,9 +19,9 @@ from stream_support import compare_with_reference, feed, write_rules
 from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
-from tickwheel.pipeline.stream import file_job, micro_batch
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
-from tickwheel.pipeline.stream.resident import SNAPSHOT_EVERY_ENV, ResidentState
+from tickwheel.pipeline.stream import micro_batch, query
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
+from tickwheel.pipeline.stream.resident import SNAPSHOT_EVERY_ENV, HeldState, ResidentState
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
@@ -54,17 +54,17 @@ def _run(
     """One job over the files fed so far; ``held`` gets the state held after each batch."""
     config = StreamConfig(
         rules_path=str(orders["rules"]), input=str(tmp / "in"), output=str(tmp / "out"),
-        checkpoint=str(tmp / "ck"), quiet=True, partitions=2, max_files_per_trigger=1,
+        checkpoint=str(tmp / "ck"), partitions=2, max_files_per_trigger=1,
     )  # fmt: skip
-    with StreamJob(config, spark=spark) as job:
+    with FileStreamJob(config, spark=spark) as job:
         if held is not None:
             prune = job.store.prune
 
-            def recording(batch_id: int, meta: Any) -> None:
-                resident = job.store.resident
-                assert resident is not None and resident.batch_id == batch_id
+            def recording(commit: Any) -> None:
+                resident = job.held.state
+                assert resident is not None and resident.batch_id == commit.batch_id
                 held.append(_rows(resident.as_tables()))
-                prune(batch_id, meta)
+                prune(commit)
 
             job.store.prune = recording  # type: ignore[method-assign]
         summary: dict[str, Any] = job.run()
@@ -101,7 +101,7 @@ def _first_job_then_the_rest(
     feed(orders["files"][:first], tmp / "in", first)
     with monkeypatch.context() as crash:
         if not clean_end:  # as a kill would: the state held is lost, nothing written at the end
-            crash.setattr(file_job, "end_resident_state", _drop_resident)
+            crash.setattr(query, "end_held_state", _drop_held)
         assert _run(orders, tmp, spark)["batches_run"] == first
     feed(orders["files"][first:], tmp / "in", INCREMENTS - first, start=first)
     return _rebuilds(monkeypatch)
@@ -160,20 +160,20 @@ def test_a_takeover_rebuilds_and_never_trusts_a_state_held_before(
     state never had: the owner rebuilds (from the snapshot of batch 0 and two
     changelogs), and nothing of that row reaches its state or outputs."""
     rebuilt = _first_job_then_the_rest(orders, tmp_path, spark, monkeypatch, K, clean_end=False)
-    opened = StreamJob.__enter__
+    opened = FileStreamJob.__enter__
 
-    def with_a_foreign_state(job: StreamJob) -> StreamJob:
+    def with_a_foreign_state(job: FileStreamJob) -> FileStreamJob:
         entered = opened(job)
         import pyarrow as pa
 
         ghost = pa.table({"kind": ["pending"], "rule": ["payment"], "key": ["ghost"],
                           "event_id": ["ghost-1"], "time": [0], "deadline": [1]})  # fmt: skip
-        job.store.resident = ResidentState(
+        job.held.state = ResidentState(
             K - 1, "t1-000000000000", 1, base=0, changelogs=2, tables={"ops": ghost}
         )
         return entered
 
-    monkeypatch.setattr(StreamJob, "__enter__", with_a_foreign_state)
+    monkeypatch.setattr(FileStreamJob, "__enter__", with_a_foreign_state)
     _run(orders, tmp_path, spark)
     assert [(b, n) for b, n, _ in rebuilt] == [(K - 1, 2)]
     assert rebuilt[0][2] == uninterrupted[K - 1]
@@ -181,5 +181,5 @@ def test_a_takeover_rebuilds_and_never_trusts_a_state_held_before(
     compare_with_reference(outs, orders["ref"])
 
 
-def _drop_resident(store: Any, driver_only: bool = False) -> None:
-    store.resident = None
+def _drop_held(store: Any, held: HeldState, driver_only: bool = False) -> None:
+    held.drop()

@@ -1,6 +1,6 @@
-"""The state held between micro-batches and its changelog commits (``stream/resident.py``),
-without Spark: Arrow tables committed through a local checkpoint, as the driver
-commits a small state.
+"""The state held between micro-batches and its changelog commits (``stream/resident.py``,
+``stream/changelog.py``), without Spark: Arrow tables committed through a local
+checkpoint, as the driver commits a small state.
 
 A model (a list of rows per table) runs beside the store: after each commit the
 resident state, and the state rebuilt from the checkpoint alone (the last
@@ -10,6 +10,7 @@ snapshot and the changelogs after it), must equal the model's.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +21,15 @@ from hypothesis import strategies as st
 pa = pytest.importorskip("pyarrow")
 
 from tickwheel.pipeline.storage import LocalStorage, join  # noqa: E402
-from tickwheel.pipeline.stream.checkpoint import Attempt, StateStore  # noqa: E402
-from tickwheel.pipeline.stream.resident import (  # noqa: E402
+from tickwheel.pipeline.stream.changelog import (  # noqa: E402
     SNAPSHOT_MARKER,
     apply_table_changes,
     committed_tables,
-    next_resident,
-    state_entry,
     write_shutdown_snapshot,
     write_tables,
 )
+from tickwheel.pipeline.stream.checkpoint import Attempt, Commit, StateEntry, StateStore  # noqa: E402
+from tickwheel.pipeline.stream.resident import HeldState, next_entry, next_resident  # noqa: E402
 
 SCHEMA = pa.schema([("kind", pa.string()), ("key", pa.string()), ("time", pa.int64())])
 Row = tuple[str | None, str, int]
@@ -85,9 +85,9 @@ def test_a_snapshot_every_k_commits(every: int) -> None:
     between hold changelogs, at most K - 1 after each snapshot."""
     held, kinds = None, []
     for batch_id in range(3 * every + 1):
-        entry = state_entry(held, every)
-        kinds.append(entry["kind"])
-        held, _, _ = next_resident(held, batch_id, f"a{batch_id}", entry, {"ops": _table([])}, {})
+        entry = next_entry(held, every)
+        kinds.append(entry.kind)
+        held, _, _ = next_resident(batch_id, f"a{batch_id}", entry, {"ops": _table([])}, {})
         assert held.changelogs < every
     expected = ["snapshot" if b % every == 0 else "changelog" for b in range(3 * every + 1)]
     assert kinds == expected
@@ -98,27 +98,28 @@ class _Model:
 
     def __init__(self, root: Path, every: int) -> None:
         self.store = StateStore(str(root), LocalStorage())
-        self.store.snapshot_every = every
+        self.held = HeldState(every)
         self.rows: list[Row] = []
         self.batch_id = -1
 
-    def commit(self, rows: list[Row]) -> dict[str, Any]:
+    def commit(self, rows: list[Row]) -> Commit:
         """Commit the state ``rows`` as the next batch, then prune as the owner does."""
         self.batch_id += 1
-        store = self.store
+        store, held = self.store, self.held
         attempt = Attempt.new(store.token)
-        entry = state_entry(store.resident, store.snapshot_every)
+        entry = next_entry(held.state, held.snapshot_every)
         added, removed = _changes(self.rows, rows)
         changes = {"ops.added": added, "ops.removed": removed}
         state, entry, out = next_resident(
-            store.resident, self.batch_id, attempt.tag, entry, {"ops": _table(rows)}, changes
+            self.batch_id, attempt.tag, entry, {"ops": _table(rows)}, changes
         )
         write_tables(store, store.attempt_path(self.batch_id, attempt), out)
         record = store.commit(
-            self.batch_id, {"attempt": attempt.tag, "state": entry, "state_rows": state.rows}
+            Commit(self.batch_id, attempt=attempt.tag, state=entry, state_rows=state.rows)
         )
-        store.resident, self.rows = state, rows
-        store.prune(self.batch_id, record)
+        held.hold(state)
+        self.rows = rows
+        store.prune(record)
         return record
 
     def rebuilt(self) -> list[Row]:
@@ -136,7 +137,6 @@ def test_a_restart_after_k_minus_1_k_and_k_plus_1_batches_rebuilds_the_state(
     for b in range(batches):
         model.commit([("pending", f"k{b}", b), ("pending", f"k{b + 1}", b + 1)])
     fresh = StateStore(str(tmp_path / "ck"), LocalStorage())  # a new process: nothing held
-    assert fresh.resident is None
     assert _rows(committed_tables(fresh, model.batch_id)["ops"]) == model.expected()
 
 
@@ -166,18 +166,18 @@ def test_a_snapshot_written_at_the_end_is_where_a_rebuild_starts(tmp_path: Path)
     model = _Model(tmp_path / "ck", every=10)
     for b in range(4):
         record = model.commit([("pending", f"k{i}", i) for i in range(b + 1)])
-    assert record["state"]["kind"] == "changelog"
-    assert write_shutdown_snapshot(model.store)
-    directory = model.store.state_path(model.batch_id, record)
+    assert record.state is not None and record.state.kind == "changelog"
+    assert write_shutdown_snapshot(model.store, model.held)
+    directory = model.store.state_path(record)
     assert (Path(directory) / SNAPSHOT_MARKER).exists()
-    assert not write_shutdown_snapshot(model.store)  # once
+    assert not write_shutdown_snapshot(model.store, model.held)  # once
     # The next batch builds on it: a changelog that counts from the end's snapshot.
-    assert state_entry(model.store.resident, 10) == {
-        "kind": "changelog", "base": 3, "after": 3, "changelogs": 1,
-    }  # fmt: skip
+    assert next_entry(model.held.state, 10) == StateEntry(
+        "changelog", base=3, after=3, changelogs=1
+    )
     # The changelogs before it are no longer read: delete them, the rebuild holds.
     for b in range(1, 3):
-        for path in Path(model.store.path(b)).rglob("*.parquet"):
+        for path in Path(model.store.batch_dir(b)).rglob("*.parquet"):
             path.unlink()
     assert model.rebuilt() == model.expected()
 
@@ -188,7 +188,7 @@ def test_a_snapshot_killed_before_its_marker_is_not_read(tmp_path: Path) -> None
     model = _Model(tmp_path / "ck", every=10)
     model.commit([("pending", "a", 1)])
     record = model.commit([("pending", "b", 2)])
-    directory = model.store.state_path(1, record)
+    directory = model.store.state_path(record)
     write_tables(model.store, directory, {"ops": _table([("pending", "half-written", 0)])})
     assert model.rebuilt() == model.expected() == [("pending", "b", 2)]
 
@@ -196,17 +196,17 @@ def test_a_snapshot_killed_before_its_marker_is_not_read(tmp_path: Path) -> None
 def test_a_resident_state_is_trusted_only_for_the_commit_that_made_it(tmp_path: Path) -> None:
     model = _Model(tmp_path / "ck", every=10)
     record = model.commit([("pending", "a", 1)])
-    held = model.store.resident
-    assert held is not None and held.matches(0, record)
-    assert not held.matches(0, {**record, "attempt": "t2-another"})  # another attempt's commit
-    assert not held.matches(1, record)  # a later commit, by another owner
+    held = model.held.state
+    assert held is not None and held.matches(record)
+    assert not held.matches(replace(record, attempt="t2-another"))  # another attempt's commit
+    assert not held.matches(replace(record, batch_id=1))  # a later commit, by another owner
 
 
 def test_an_unreadable_changelog_fails_the_rebuild_loudly(tmp_path: Path) -> None:
     model = _Model(tmp_path / "ck", every=10)
     model.commit([("pending", "a", 1)])
     record = model.commit([("pending", "b", 2)])
-    directory = model.store.state_path(1, record)
+    directory = model.store.state_path(record)
     for path in Path(join(directory, "ops.added")).rglob("*.parquet"):
         path.write_bytes(b"not parquet")
     with pytest.raises(Exception, match=r"(?i)parquet"):

@@ -25,7 +25,7 @@ from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.checkpoint import STATE_FORMAT, StreamError
 from tickwheel.pipeline.stream.evolution import RulesChangeRefused, compare_rules, rules_record
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
@@ -91,7 +91,7 @@ class Stream:
             rules_path=str(path), input=str(self.inp), output=str(self.tmp / "out"),
             checkpoint=str(self.tmp / "ck"), partitions=1, **options,
         )  # fmt: skip
-        with StreamJob(config, spark=self.spark) as job:
+        with FileStreamJob(config, spark=self.spark) as job:
             summary: dict[str, Any] = job.run()
         return summary
 

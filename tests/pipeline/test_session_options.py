@@ -180,7 +180,7 @@ def test_a_bounded_stream_over_a_small_backlog_runs_c1_only(tmp_path: Path) -> N
     import json
 
     from tickwheel.pipeline.stream.checkpoint import StreamError
-    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 
     rules = tmp_path / "r.toml"
     rules.write_text(EXAMPLE.read_text(encoding="utf-8"), encoding="utf-8")
@@ -190,7 +190,7 @@ def test_a_bounded_stream_over_a_small_backlog_runs_c1_only(tmp_path: Path) -> N
 
     def quick(**kw: Any) -> bool:
         config = StreamConfig(str(rules), str(inp), str(tmp_path / "o"), str(tmp_path / "ck"), **kw)
-        with StreamJob(config) as job:
+        with FileStreamJob(config) as job:
             return job.quick_jit()
 
     assert quick(trigger="available-now")
@@ -218,7 +218,7 @@ def test_the_clis_stream_writes_sparks_checkpoint_logs_through_the_file_system_a
     """``pipeline stream`` starts its session with STREAM_SESSION_CONF, and with it
     Spark builds the checkpoint file manager that runs no ``readlink`` process."""
     from tickwheel.pipeline.spark import session
-    from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+    from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 
     given: dict[str, Any] = {}
 
@@ -232,7 +232,7 @@ def test_the_clis_stream_writes_sparks_checkpoint_logs_through_the_file_system_a
     (tmp_path / "in").mkdir()
     config = StreamConfig(str(rules), str(tmp_path / "in"), str(tmp_path / "o"),
                           str(tmp_path / "ck"), jit="c2")  # fmt: skip
-    with StreamJob(config) as job:
+    with FileStreamJob(config) as job:
         assert job._session() is spark
     name = "spark.sql.streaming.checkpointFileManagerClass"
     assert given[name] == session.STREAM_SESSION_CONF[name]

@@ -38,7 +38,7 @@ from tickwheel.pipeline.stream.checkpoint import (
     CheckpointOwner,
     StreamError,
 )
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
@@ -223,10 +223,10 @@ def test_stream_at_uris_commits_by_new_files_only(
 def _stream_job(spark: Any, viewfs: ViewFs, rules: Path) -> dict[str, Any]:
     config = StreamConfig(
         rules_path=str(rules), input=viewfs.uri("in"), output=viewfs.uri("out"),
-        checkpoint=viewfs.uri("ck"), max_files_per_trigger=2, partitions=2, quiet=True,
+        checkpoint=viewfs.uri("ck"), max_files_per_trigger=2, partitions=2,
     )  # fmt: skip
-    with StreamJob(config, spark=spark) as job:
-        assert not job.ordered_source
+    with FileStreamJob(config, spark=spark) as job:
+        assert not job.files.ordered_source
         summary: dict[str, Any] = job.run()
     return summary
 
@@ -268,10 +268,10 @@ def test_stream_job_with_a_local_input_and_a_uri_checkpoint(
     feed(orders["files"], tmp_path / "local-in", 3)
     config = StreamConfig(
         rules_path=str(orders["rules"]), input=str(tmp_path / "local-in"),
-        output=viewfs.uri("out"), checkpoint=viewfs.uri("ck"), partitions=2, quiet=True,
+        output=viewfs.uri("out"), checkpoint=viewfs.uri("ck"), partitions=2,
     )  # fmt: skip
-    with StreamJob(config, spark=spark) as job:
-        assert not job.ordered_source
+    with FileStreamJob(config, spark=spark) as job:
+        assert not job.files.ordered_source
         assert job.run()["batches_run"] == 1
     sink = ParquetSink(viewfs.uri("out"), spark)
     compare_with_reference(read_stream_outputs(spark, sink, viewfs.uri("ck")), orders["ref"])
@@ -282,10 +282,10 @@ def test_stream_job_refuses_a_missing_uri_input(spark: Any, viewfs: ViewFs, tmp_
     rules = write_rules(tmp_path / "rules.toml")
     config = StreamConfig(
         rules_path=str(rules), input=viewfs.uri("nothing"), output=viewfs.uri("out"),
-        checkpoint=viewfs.uri("ck"), quiet=True,
+        checkpoint=viewfs.uri("ck"),
     )  # fmt: skip
     with (
-        StreamJob(config, spark=spark) as job,
+        FileStreamJob(config, spark=spark) as job,
         pytest.raises(StreamError, match="nothing: not found"),
     ):
         job.run()

@@ -14,8 +14,8 @@ from support.reference import iter_input_lines, run_reference
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.stream.checkpoint import CheckpointInUse, StreamError
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
-from tickwheel.pipeline.stream.runner import parse_trigger
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
+from tickwheel.pipeline.stream.query import parse_trigger
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
@@ -40,13 +40,12 @@ def _config(tmp: Path, rules: Path, **kw: Any) -> StreamConfig:
         input=str(tmp / "in"),
         output=str(tmp / "out"),
         checkpoint=str(tmp / "ck"),
-        quiet=True,
         **kw,
     )
 
 
 def _run(spark: Any, tmp: Path, rules: Path, **kw: Any) -> dict[str, Any]:
-    with StreamJob(_config(tmp, rules, **kw), spark=spark) as job:
+    with FileStreamJob(_config(tmp, rules, **kw), spark=spark) as job:
         summary = job.run()
         assert job.sink is not None
         summary["outputs"] = read_stream_outputs(spark, job.sink, str(tmp / "ck"))
@@ -197,7 +196,7 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
     compare_with_reference(summary["outputs"], orders["ref"])
 
 
-class _FilesCheckedJob(StreamJob):
+class _FilesCheckedJob(FileStreamJob):
     """A stream job that also reads each batch's files from its rows, to compare."""
 
     seen: list[tuple[list[str], list[str]]]
@@ -262,7 +261,7 @@ def test_micro_batches_run_in_a_child_session(
     before = {key: spark.conf.get(key) for key in (compressed, partitions)}
     spark.conf.set(partitions, "3")  # a runtime setting, not one the SparkContext knows
     try:
-        with StreamJob(_config(tmp_path, orders["rules"]), spark=spark) as job:
+        with FileStreamJob(_config(tmp_path, orders["rules"]), spark=spark) as job:
             child = job._batch_session()
             assert child is not spark
             assert child.sparkContext is spark.sparkContext
@@ -278,9 +277,9 @@ def test_second_job_on_same_checkpoint_is_refused(tmp_path: Path, orders: dict[s
     """The checkpoint lock refuses a concurrent job with a clear error."""
     fresh(tmp_path / "in")
     cfg = _config(tmp_path, orders["rules"])
-    with StreamJob(cfg), pytest.raises(CheckpointInUse, match="is in use by"):
-        StreamJob(cfg)
-    StreamJob(cfg).close()  # released: a later job may take it
+    with FileStreamJob(cfg), pytest.raises(CheckpointInUse, match="is in use by"):
+        FileStreamJob(cfg)
+    FileStreamJob(cfg).close()  # released: a later job may take it
 
 
 def test_bad_options_are_named(tmp_path: Path, orders: dict[str, Any]) -> None:
@@ -293,11 +292,11 @@ def test_bad_options_are_named(tmp_path: Path, orders: dict[str, Any]) -> None:
         "checkpoint": str(tmp_path / "ck"),
     }
     with pytest.raises(StreamError, match="--trigger"):
-        StreamJob(StreamConfig(**{**base, "trigger": "sometimes"}))
+        FileStreamJob(StreamConfig(**{**base, "trigger": "sometimes"}))
     with pytest.raises(StreamError, match="not a directory"):
-        StreamJob(StreamConfig(**{**base, "input": str(tmp_path / "missing")}))
+        FileStreamJob(StreamConfig(**{**base, "input": str(tmp_path / "missing")}))
     with pytest.raises(StreamError, match="maxwell"):
-        StreamJob(StreamConfig(**{**base, "input_format": "maxwell"}))
+        FileStreamJob(StreamConfig(**{**base, "input_format": "maxwell"}))
     assert parse_trigger("interval=30s") == ("interval", 30_000)
     assert parse_trigger("once") == ("once", None)
 

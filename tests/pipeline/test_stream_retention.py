@@ -24,7 +24,7 @@ from support.reference import iter_input_lines, run_reference
 from support.state_rows import record_ops_rows
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
-from tickwheel.pipeline.stream.file_job import StreamConfig, StreamJob
+from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
@@ -77,12 +77,11 @@ def test_ops_state_stays_flat_with_retention(spark: Any, tmp_path: Path) -> None
         input=str(tmp_path / "in"),
         output=str(tmp_path / "out"),
         checkpoint=str(tmp_path / "ck"),
-        quiet=True,
         partitions=2,
         max_files_per_trigger=1,
     )
     seen: list[tuple[int, int]] = []
-    with StreamJob(config, spark=spark) as job:
+    with FileStreamJob(config, spark=spark) as job:
         record_ops_rows(job, seen)
         summary = job.run()
         assert job.sink is not None

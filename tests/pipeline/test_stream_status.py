@@ -62,7 +62,6 @@ def _config(base: Path, rules: Path, **kw: Any) -> Any:
         rules_path=str(rules),
         output=str(base / "out"),
         checkpoint=str(base / "ck"),
-        quiet=True,
         **kw,
     )
 
@@ -70,7 +69,7 @@ def _config(base: Path, rules: Path, **kw: Any) -> Any:
 @pytest.fixture(scope="module")
 def finished(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A checkpoint after three micro-batches (one file each) of 150 orders, the job gone."""
-    from tickwheel.pipeline.stream.file_job import StreamJob
+    from tickwheel.pipeline.stream.file_job import FileStreamJob
 
     base = tmp_path_factory.mktemp("status")
     gen = base / "gen"
@@ -78,7 +77,7 @@ def finished(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     rules = write_rules(base / "rules.toml")
     feed(sorted(gen.glob("part-*.jsonl")), fresh(base / "in"), 3)
     config = _config(base, rules, trigger="available-now", max_files_per_trigger=1)
-    with StreamJob(config, spark=spark) as job:
+    with FileStreamJob(config, spark=spark) as job:
         summary = job.run()
     assert summary["batches_run"] == 3
     ref = run_reference(iter_input_lines(gen), load_rules(rules))
@@ -225,12 +224,12 @@ def test_status_into_a_pipe_closed_early_ends_quietly() -> None:
 def test_status_of_a_live_checkpoint(finished: dict[str, Any]) -> None:
     """A job holding the checkpoint shows as its owner, here and from another process;
     looking does not take the lock from it; once it lets go, it no longer holds it."""
-    from tickwheel.pipeline.stream.file_job import StreamJob
+    from tickwheel.pipeline.stream.file_job import FileStreamJob
 
     ck = finished["ck"]
     before = checkpoint_status(str(ck))["owner"]["token"]
     config = _config(finished["base"], finished["rules"])
-    job = StreamJob(config)  # takes the checkpoint
+    job = FileStreamJob(config)  # takes the checkpoint
     try:
         owner = checkpoint_status(str(ck))["owner"]
         assert owner["token"] == before + 1
@@ -240,7 +239,7 @@ def test_status_of_a_live_checkpoint(finished: dict[str, Any]) -> None:
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["owner"]["holding"] is True
         with pytest.raises(CheckpointInUse):  # still the job's
-            StreamJob(config)
+            FileStreamJob(config)
         text = _cli("--checkpoint", str(ck)).stdout
         assert f"pid {os.getpid()} on {socket.gethostname()}" in text
         assert "HOLDS the checkpoint" in text
@@ -344,15 +343,15 @@ def test_status_at_a_uri_reads_through_spark(
 def test_files_taken_by_sparks_own_file_source(spark: Any, tmp_path: Path) -> None:
     """With the input at a URI the job takes Spark's file source, whose log
     (``CK/spark/sources/0``) gives the files taken."""
-    from tickwheel.pipeline.stream.file_job import StreamJob
+    from tickwheel.pipeline.stream.file_job import FileStreamJob
 
     gen = tmp_path / "gen"
     generate_orders(40, gen, seed=3, files=2)
     rules = write_rules(tmp_path / "rules.toml")
     feed(sorted(gen.glob("part-*.jsonl")), fresh(tmp_path / "in"), 2)
     uri = (tmp_path / "in").as_uri()
-    with StreamJob(_config(tmp_path, rules, input=uri), spark=spark) as job:
-        assert not job.ordered_source
+    with FileStreamJob(_config(tmp_path, rules, input=uri), spark=spark) as job:
+        assert not job.files.ordered_source
         job.run()
     status = checkpoint_status(str(tmp_path / "ck"), spark=spark, input=uri)
     assert status["files"]["source"] == "spark" and status["files"]["taken"] == 2

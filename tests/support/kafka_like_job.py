@@ -40,7 +40,7 @@ def main() -> int:
     )
     query = start_stream(
         records, args.rules, output=args.output, checkpoint=args.checkpoint,
-        trigger="available-now", partitions=args.partitions, quiet=False,
+        trigger="available-now", partitions=args.partitions,
     )  # fmt: skip
     query.awaitTermination()
     spark.stop()

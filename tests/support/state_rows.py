@@ -12,7 +12,7 @@ from typing import Any
 
 def record_ops_rows(job: Any, seen: list[tuple[int, int]]) -> None:
     """Append (watermark, ops rows) to ``seen`` as ``job`` commits each batch's state."""
-    from tickwheel.pipeline.stream.resident import committed_tables
+    from tickwheel.pipeline.stream.changelog import committed_tables
 
     commit = job.store.commit
 

@@ -17,9 +17,10 @@ The package, by role (imports run down this list, never up):
   event-time clock (pure Python; compiled twin ``_loop``);
 * :mod:`.storage`: the pipeline's own files at a local path or any URI Spark
   writes (Hadoop's ``FileSystem``), created once, never renamed or overwritten;
-* :mod:`.sinks`: Parquet, SQLite and PostgreSQL sinks, idempotent per batch id;
+* :mod:`.attempt`: one attempt at a micro-batch, whose files' names are its own;
 * :mod:`.spark`: the one step, one module per stage (Maxwell's binlog JSON is a
-  form of records there), and the session set-up;
+  form of records there), the session set-up and the JDBC drivers' jars;
+* :mod:`.sinks`: Parquet, SQLite and PostgreSQL sinks, idempotent per batch id;
 * :mod:`.batch`: the batch driver (``tickwheel pipeline run``);
 * :mod:`.stream`: the stream driver (``tickwheel pipeline stream``), its
   micro-batch, checkpoint and file source;

@@ -120,13 +120,25 @@ def parse_duration(value: object, what: str = "duration") -> int:
     )
 
 
-def format_duration(ms: int) -> str:
-    """``ms`` for a reader, in its largest unit: ``850ms``, ``12.0s``, ``3.5h``, ``2.0d``. O(1)."""
+def format_duration(ms: int | None, *, as_written: bool = False) -> str:
+    """``ms`` for a reader, in its largest unit: ``850ms``, ``12.0s``, ``3.5h``, ``2.0d``.
+
+    ``as_written``: as a rules file writes a setting, which :func:`parse_duration`
+    reads back: the largest unit that divides it (``30m``, ``1500ms``), and None as
+    ``off``. O(1).
+    """
+    if ms is None:
+        return "off"
     sign, ms = ("-", -ms) if ms < 0 else ("", ms)
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms >= size:
+    for unit, size in _UNITS_LARGEST_FIRST:
+        if as_written and ms and ms % size == 0:
+            return f"{sign}{ms // size}{unit}"
+        if not as_written and ms >= size:
             return f"{sign}{ms / size:,.1f}{unit}"
     return f"{sign}{ms}ms"
+
+
+_UNITS_LARGEST_FIRST = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
 
 
 @dataclass(frozen=True)

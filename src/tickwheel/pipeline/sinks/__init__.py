@@ -61,6 +61,7 @@ options, so a cluster's workers need no password file of their own.
 
 from __future__ import annotations
 
+from ..spark.jdbc_drivers import jdbc_jars, spark_jdbc_conf
 from .base import BATCH_ID, BatchSink, SinkError, SinkFunction
 from .credentials import (
     PasswordFileWarning,
@@ -71,7 +72,6 @@ from .credentials import (
 )
 from .file_sink_log import FileSinkLog
 from .function import FunctionSink
-from .jdbc import jdbc_jars, spark_jdbc_conf
 from .make import as_sink, make_sink, reopen_sink
 from .parquet import ParquetSink
 from .postgres import PostgresSink

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from ..stream.checkpoint import Attempt
+    from ..attempt import Attempt
 
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "BatchSink",
     "SinkError",
     "SinkFunction",
+    "write_empty_parquet",
 ]
 
 #: The column every sink adds to every table: the micro-batch id.
@@ -83,7 +84,7 @@ class BatchSink(Protocol):
 SinkFunction = Callable[[Mapping[str, "DataFrame"], int], object]
 
 
-def _write_empty_parquet(storage: Storage, directory: str, schema: StructType) -> None:
+def write_empty_parquet(storage: Storage, directory: str, schema: StructType) -> None:
     """A new table directory holding one Parquet file of ``schema`` and no rows. O(columns)."""
     import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql.pandas.types import to_arrow_schema

@@ -27,17 +27,21 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "PG_PREFIX",
+    "SECRET_PARAM",
     "PasswordFileWarning",
     "PostgresCredentials",
+    "host_port",
     "pgpass_password",
     "postgres_credentials",
     "redact_url",
+    "split_pg_url",
 ]
 
 #: URL parameters whose value is a secret: redacted, and never left in a URL.
-_SECRET_PARAM = re.compile(r"(?i)pass|secret|token")
+SECRET_PARAM = re.compile(r"(?i)pass|secret|token")
 _REDACTED = "***"
-_PG_PREFIX = "jdbc:postgresql:"
+PG_PREFIX = "jdbc:postgresql:"
 
 
 class PasswordFileWarning(UserWarning):
@@ -56,7 +60,7 @@ def redact_url(url: str) -> str:
     if not sep:
         return head
     params = [
-        f"{name}={_REDACTED}" if _SECRET_PARAM.search(name) else f"{name}{eq}{value}"
+        f"{name}={_REDACTED}" if SECRET_PARAM.search(name) else f"{name}{eq}{value}"
         for name, eq, value in (p.partition("=") for p in query.split("&"))
     ]
     return f"{head}?{'&'.join(params)}"
@@ -101,13 +105,13 @@ def postgres_credentials(
     env = os.environ if environ is None else environ
     if url is None:
         url = _url_from_environment(env)
-    if not url.startswith(_PG_PREFIX):
+    if not url.startswith(PG_PREFIX):
         raise SinkError(
             "a PostgreSQL sink URL looks like "
             f"jdbc:postgresql://127.0.0.1:5432/db?user=me, got {redact_url(url)!r}"
         )
-    base, host, port, database, params = _split_pg_url(url)
-    secrets = {k: v for k, v in params.items() if _SECRET_PARAM.search(k)}
+    base, host, port, database, params = split_pg_url(url)
+    secrets = {k: v for k, v in params.items() if SECRET_PARAM.search(k)}
     user = params.get("user") or env.get("PGUSER") or _login_name()
     password, source = secrets.pop("password", None), "from the URL"
     if not password:
@@ -131,23 +135,23 @@ def _url_from_environment(env: Mapping[str, str]) -> str:
     if host.startswith("/"):
         raise SinkError(f"PGHOST={host} is a socket directory; pgjdbc connects over TCP only")
     database = env.get("PGDATABASE") or env.get("PGUSER") or _login_name()
-    return f"{_PG_PREFIX}//{host}:{env.get('PGPORT') or 5432}/{database}"
+    return f"{PG_PREFIX}//{host}:{env.get('PGPORT') or 5432}/{database}"
 
 
-def _split_pg_url(url: str) -> tuple[str, str, str, str | None, dict[str, str]]:
+def split_pg_url(url: str) -> tuple[str, str, str, str | None, dict[str, str]]:
     """(URL without user:password@ or secret parameters, first host, port, database, params).
 
     pgjdbc's forms: ``jdbc:postgresql:DB``, ``jdbc:postgresql:/``, and
     ``jdbc:postgresql://HOST[:PORT][,HOST[:PORT]...]/[DB]``, then ``?k=v&...``
     (values URL-encoded). libpq's ``user:password@`` authority is accepted too.
     """
-    rest, _, query = url[len(_PG_PREFIX) :].partition("?")
+    rest, _, query = url[len(PG_PREFIX) :].partition("?")
     params: dict[str, str] = {}
     kept = []
     for part in filter(None, query.split("&")):
         name, _, value = part.partition("=")
         params[unquote(name)] = unquote(value)
-        if not _SECRET_PARAM.search(unquote(name)):
+        if not SECRET_PARAM.search(unquote(name)):
             kept.append(part)
     host, port, database = "localhost", "5432", rest.strip("/") or None
     if rest.startswith("//"):
@@ -158,14 +162,15 @@ def _split_pg_url(url: str) -> tuple[str, str, str, str | None, dict[str, str]]:
             params.setdefault("user", unquote(name))
             if has_password:
                 params.setdefault("password", unquote(secret))
-        host, port = _host_port(hosts.split(",")[0])
+        host, port = host_port(hosts.split(",")[0])
         database = unquote(path) or None
         rest = f"//{hosts}/{path}"
-    base = _PG_PREFIX + rest + ("?" + "&".join(kept) if kept else "")
+    base = PG_PREFIX + rest + ("?" + "&".join(kept) if kept else "")
     return base, host, port, database, params
 
 
-def _host_port(text: str) -> tuple[str, str]:
+def host_port(text: str) -> tuple[str, str]:
+    """(host, port) of ``HOST[:PORT]`` or ``[IPv6][:PORT]``; the port defaults to 5432. O(len)."""
     if text.startswith("["):  # [IPv6]:port
         address, _, port = text[1:].partition("]")
         return address, port.lstrip(":") or "5432"

@@ -10,7 +10,7 @@ from .base import SinkError, SinkFunction
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from ..stream.checkpoint import Attempt
+    from ..attempt import Attempt
 
 
 __all__ = [

@@ -1,5 +1,6 @@
 """What the SQLite and PostgreSQL sinks share: staging tables, Spark's JDBC writer and
-reader, the SQL types of a DataFrame's schema, and the Debian JDBC jars.
+reader, and the SQL types of a DataFrame's schema (the drivers' jars are
+:mod:`..spark.jdbc_drivers`').
 
 Spark's JDBC writer cannot create tables in SQLite, and reads SQLite's BIGINT
 back as a decimal; the JDBC sinks therefore create every table themselves from
@@ -9,7 +10,6 @@ the DataFrame's schema and read back with an explicit ``customSchema``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -22,66 +22,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from ..stream.checkpoint import Attempt
+    from ..attempt import Attempt
 
 
-__all__ = [
-    "jdbc_jars",
-    "spark_jdbc_conf",
-]
-
-_JAR_DIR = "/usr/share/java"
-_SQLITE_JARS = ("sqlite-jdbc.jar", "xerial-sqlite-jdbc.jar")
-_POSTGRES_JARS = ("postgresql.jar",)
-_JNI_DIRS = ("/usr/lib/x86_64-linux-gnu/jni", "/usr/lib/aarch64-linux-gnu/jni", "/usr/lib/jni")
-
-
-def _find_jar(names: Sequence[str], package: str) -> str | None:
-    for name in names:
-        path = os.path.join(_JAR_DIR, name)
-        if os.path.exists(path):
-            return path
-    return None
-
-
-def jdbc_jars() -> list[str]:
-    """Return the Debian JDBC driver jars that are installed (SQLite, PostgreSQL). O(1)."""
-    jars = []
-    for names, package in (
-        (_SQLITE_JARS, "libxerial-sqlite-jdbc-java"),
-        (_POSTGRES_JARS, "libpostgresql-jdbc-java"),
-    ):
-        jar = _find_jar(names, package)
-        if jar is not None:
-            jars.append(jar)
-    return jars
-
-
-def spark_jdbc_conf() -> dict[str, str]:
-    """Spark settings that put the installed JDBC jars on the driver and executors.
-
-    They must be given before the SparkSession starts (``builder.config(k, v)``).
-    The driver class path matters: Spark's JDBC reader and writer connect from
-    the driver JVM too (to resolve a table's schema, to check that it exists),
-    and the class archive records it (:func:`~tickwheel.pipeline.spark.class_archive.session_conf`);
-    the sinks' own DDL and commits do not use the JVM. The SQLite jar's native
-    half lives in Debian's JNI directory, which is added to
-    ``java.library.path``. O(1).
-    """
-    jars = jdbc_jars()
-    if not jars:
-        return {}
-    jni = [d for d in _JNI_DIRS if os.path.isdir(d)]
-    conf = {
-        "spark.jars": ",".join(jars),
-        "spark.driver.extraClassPath": os.pathsep.join(jars),
-        "spark.executor.extraClassPath": os.pathsep.join(jars),
-    }
-    if jni:
-        lib = os.pathsep.join(jni)
-        conf["spark.driver.extraLibraryPath"] = lib
-        conf["spark.executor.extraLibraryPath"] = lib
-    return conf
+__all__ = ["ATTEMPT", "BATCHES_TABLE", "JdbcSink", "quote_identifier"]
 
 
 def _with_batch_id(df: DataFrame, batch_id: int) -> DataFrame:
@@ -112,22 +56,24 @@ def _sql_type(dtype: Any, dialect: str) -> str:
     raise SinkError(f"the JDBC sinks cannot store a column of type {dtype.simpleString()}")
 
 
-def _quote(name: str) -> str:
+def quote_identifier(name: str) -> str:
+    """``name`` as a quoted SQL identifier (:class:`SinkError` for anything but letters,
+    digits and ``_``). O(len)."""
     if not name.replace("_", "").isalnum():
         raise SinkError(f"unsafe SQL identifier {name!r}")
     return f'"{name}"'
 
 
 def _create_table_sql(name: str, schema: StructType, dialect: str, staging: bool = False) -> str:
-    cols = [f"{_quote(f.name)} {_sql_type(f.dataType, dialect)}" for f in schema.fields]
-    cols.append(f"{_quote(BATCH_ID)} BIGINT NOT NULL")
+    cols = [f"{quote_identifier(f.name)} {_sql_type(f.dataType, dialect)}" for f in schema.fields]
+    cols.append(f"{quote_identifier(BATCH_ID)} BIGINT NOT NULL")
     if staging:  # which attempt staged the row: a commit copies one attempt's rows
-        cols.append(f"{_quote(ATTEMPT)} TEXT")
-    return f"CREATE TABLE IF NOT EXISTS {_quote(name)} ({', '.join(cols)})"
+        cols.append(f"{quote_identifier(ATTEMPT)} TEXT")
+    return f"CREATE TABLE IF NOT EXISTS {quote_identifier(name)} ({', '.join(cols)})"
 
 
 def _attempt_literal(tag: str) -> str:
-    """An attempt's tag (:class:`~..stream.checkpoint.Attempt`) as an SQL string literal."""
+    """An attempt's tag (:class:`~..attempt.Attempt`) as an SQL string literal."""
     if not re.fullmatch(r"[A-Za-z0-9-]+", tag):
         raise SinkError(f"unsafe attempt tag {tag!r}")
     return f"'{tag}'"
@@ -141,11 +87,11 @@ def _custom_schema(schema: StructType) -> str:
 
 #: The staging tables' column naming the attempt that staged each row.
 ATTEMPT = "tickwheel_attempt"
-_BATCHES_TABLE = "tickwheel_batches"
+BATCHES_TABLE = "tickwheel_batches"
 _SCHEMAS_TABLE = "tickwheel_schemas"
 
 
-class _JdbcSink:
+class JdbcSink:
     """Shared logic of the SQLite and PostgreSQL sinks (staging tables + one transaction)."""
 
     name = "jdbc"
@@ -187,10 +133,10 @@ class _JdbcSink:
             return
         self._execute(
             [
-                f"CREATE TABLE IF NOT EXISTS {_quote(self._table(_BATCHES_TABLE))} ("
+                f"CREATE TABLE IF NOT EXISTS {quote_identifier(self._table(BATCHES_TABLE))} ("
                 "batch_id BIGINT PRIMARY KEY, committed_at DOUBLE PRECISION NOT NULL, "
                 "row_counts TEXT NOT NULL)",
-                f"CREATE TABLE IF NOT EXISTS {_quote(self._table(_SCHEMAS_TABLE))} ("
+                f"CREATE TABLE IF NOT EXISTS {quote_identifier(self._table(_SCHEMAS_TABLE))} ("
                 "table_name TEXT PRIMARY KEY, spark_schema TEXT NOT NULL)",
             ],
             transaction=True,
@@ -203,7 +149,7 @@ class _JdbcSink:
         if table in self._schemas:
             return
         rows = self._query(
-            f"SELECT spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            f"SELECT spark_schema FROM {quote_identifier(self._table(_SCHEMAS_TABLE))} "
             f"WHERE table_name = '{table}'"
         )
         if rows:
@@ -222,8 +168,8 @@ class _JdbcSink:
             [
                 _create_table_sql(self._table(table), schema, self.dialect),
                 _create_table_sql(self._stage_table(table), schema, self.dialect, staging=True),
-                f"INSERT INTO {_quote(self._table(_SCHEMAS_TABLE))} (table_name, spark_schema) "
-                f"VALUES ('{table}', '{schema_json}')",
+                f"INSERT INTO {quote_identifier(self._table(_SCHEMAS_TABLE))} "
+                f"(table_name, spark_schema) VALUES ('{table}', '{schema_json}')",
             ],
             transaction=True,
         )
@@ -231,11 +177,11 @@ class _JdbcSink:
 
     def _ensure_attempt_column(self, table: str) -> None:
         """Give a staging table of an older release the attempt column. One query."""
-        stage = _quote(self._stage_table(table))
+        stage = quote_identifier(self._stage_table(table))
         try:
-            self._query(f"SELECT {_quote(ATTEMPT)} FROM {stage} WHERE 1 = 0")
+            self._query(f"SELECT {quote_identifier(ATTEMPT)} FROM {stage} WHERE 1 = 0")
         except Exception:  # the column is missing: the staging table is older
-            self._execute([f"ALTER TABLE {stage} ADD COLUMN {_quote(ATTEMPT)} TEXT"],
+            self._execute([f"ALTER TABLE {stage} ADD COLUMN {quote_identifier(ATTEMPT)} TEXT"],
                           transaction=True)  # fmt: skip
 
     def _known_tables(self) -> list[str]:
@@ -243,7 +189,7 @@ class _JdbcSink:
         from pyspark.sql.types import StructType
 
         rows = self._query(
-            f"SELECT table_name, spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            f"SELECT table_name, spark_schema FROM {quote_identifier(self._table(_SCHEMAS_TABLE))} "
             "ORDER BY table_name"
         )
         for name, schema in rows:
@@ -254,7 +200,8 @@ class _JdbcSink:
         """The statements that drop every staged row of ``batch_id`` and older batches:
         once a batch is published, no commit names any of them."""
         return [
-            f"DELETE FROM {_quote(self._stage_table(t))} WHERE {BATCH_ID} <= {int(batch_id)}"
+            f"DELETE FROM {quote_identifier(self._stage_table(t))} "
+            f"WHERE {BATCH_ID} <= {int(batch_id)}"
             for t in tables
         ]
 
@@ -313,29 +260,29 @@ class _JdbcSink:
         if staged is None:
             raise SinkError(f"batch {batch_id} was not staged in {self.describe()}")
         where = (
-            f"{BATCH_ID} = {int(batch_id)} AND {_quote(ATTEMPT)} = "
+            f"{BATCH_ID} = {int(batch_id)} AND {quote_identifier(ATTEMPT)} = "
             f"{_attempt_literal(str(staged['attempt']))}"
         )
         counts = {}
         for table in staged["tables"]:
-            rows = self._query(f"SELECT COUNT(*) FROM {_quote(self._stage_table(table))} "
+            rows = self._query(f"SELECT COUNT(*) FROM {quote_identifier(self._stage_table(table))} "
                                f"WHERE {where}")  # fmt: skip
             counts[table] = int(rows[0][0])
         guard = (
-            f"NOT EXISTS (SELECT 1 FROM {_quote(self._table(_BATCHES_TABLE))} "
+            f"NOT EXISTS (SELECT 1 FROM {quote_identifier(self._table(BATCHES_TABLE))} "
             f"WHERE batch_id = {int(batch_id)})"
         )
         statements = self._commit_preamble()
         for table in staged["tables"]:
-            cols = ", ".join(_quote(f.name) for f in self._schemas[table].fields)
-            cols += f", {_quote(BATCH_ID)}"
+            cols = ", ".join(quote_identifier(f.name) for f in self._schemas[table].fields)
+            cols += f", {quote_identifier(BATCH_ID)}"
             statements.append(
-                f"INSERT INTO {_quote(self._table(table))} ({cols}) SELECT {cols} FROM "
-                f"{_quote(self._stage_table(table))} WHERE {where} AND {guard}"
+                f"INSERT INTO {quote_identifier(self._table(table))} ({cols}) SELECT {cols} FROM "
+                f"{quote_identifier(self._stage_table(table))} WHERE {where} AND {guard}"
             )
         row_counts = json.dumps(counts, sort_keys=True)
         statements.append(
-            f"INSERT INTO {_quote(self._table(_BATCHES_TABLE))} "
+            f"INSERT INTO {quote_identifier(self._table(BATCHES_TABLE))} "
             f"(batch_id, committed_at, row_counts) SELECT {int(batch_id)}, {time.time()!r}, "
             f"'{row_counts}' WHERE {guard}"
         )
@@ -351,7 +298,8 @@ class _JdbcSink:
         """True when ``tickwheel_batches`` holds ``batch_id``. One indexed query."""
         self._ensure_base()
         rows = self._query(
-            f"SELECT 1 FROM {_quote(self._table(_BATCHES_TABLE))} WHERE batch_id = {int(batch_id)}"
+            f"SELECT 1 FROM {quote_identifier(self._table(BATCHES_TABLE))} "
+            f"WHERE batch_id = {int(batch_id)}"
         )
         return bool(rows)
 
@@ -359,7 +307,7 @@ class _JdbcSink:
         """Return the committed batch ids in order."""
         self._ensure_base()
         rows = self._query(
-            f"SELECT batch_id FROM {_quote(self._table(_BATCHES_TABLE))} ORDER BY batch_id"
+            f"SELECT batch_id FROM {quote_identifier(self._table(BATCHES_TABLE))} ORDER BY batch_id"
         )
         return [int(r[0]) for r in rows]
 
@@ -367,7 +315,7 @@ class _JdbcSink:
         """Read ``table`` back through Spark JDBC with its original Spark types."""
         self._ensure_base()
         rows = self._query(
-            f"SELECT spark_schema FROM {_quote(self._table(_SCHEMAS_TABLE))} "
+            f"SELECT spark_schema FROM {quote_identifier(self._table(_SCHEMAS_TABLE))} "
             f"WHERE table_name = '{table}'"
         )
         if not rows:

@@ -18,13 +18,13 @@ from ..storage import (
     local_path,
     storage_for,
 )
-from .base import BATCH_ID, SinkError, _write_empty_parquet
+from .base import BATCH_ID, SinkError, write_empty_parquet
 from .file_sink_log import FileSinkLog, SinkFile
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from ..stream.checkpoint import Attempt
+    from ..attempt import Attempt
 
 
 __all__ = [
@@ -121,7 +121,7 @@ class ParquetSink:
 
         staging = self._staging(batch_id, attempt.tag)
         for name in empty:  # no Spark job: an empty file of the table's schema
-            _write_empty_parquet(self.storage, join(staging, name), tables[name].schema)
+            write_empty_parquet(self.storage, join(staging, name), tables[name].schema)
             if on_table is not None:
                 on_table(name)
         written = {name: df for name, df in tables.items() if name not in empty}

@@ -9,16 +9,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..spark.jdbc_drivers import POSTGRES_JARS, find_jar
 from .base import SinkError
 from .credentials import (
-    _PG_PREFIX,
-    _SECRET_PARAM,
-    _host_port,
-    _split_pg_url,
+    PG_PREFIX,
+    SECRET_PARAM,
+    host_port,
     postgres_credentials,
     redact_url,
+    split_pg_url,
 )
-from .jdbc import _BATCHES_TABLE, _POSTGRES_JARS, _find_jar, _JdbcSink, _quote
+from .jdbc import BATCHES_TABLE, JdbcSink, quote_identifier
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,22 +76,22 @@ def _pg_target(url: str) -> _PgTarget:
     parameter pg8000 cannot honour is a :class:`SinkError`. The others tune
     pgjdbc (Spark's JDBC writer and reader) and are ignored here.
     """
-    _, _, _, database, raw = _split_pg_url(url)
+    _, _, _, database, raw = split_pg_url(url)
     params = {name.lower(): value for name, value in raw.items()}
-    rest = url[len(_PG_PREFIX) :].partition("?")[0]
+    rest = url[len(PG_PREFIX) :].partition("?")[0]
     hosts = ["localhost:5432"]
     if rest.startswith("//"):
         hosts = rest[2:].partition("/")[0].rpartition("@")[2].split(",")
     targets = []
     for text in hosts:
-        host, port = _host_port(text)
+        host, port = host_port(text)
         if not port.isdigit():
             raise SinkError(f"bad port {port!r} in the PostgreSQL URL {redact_url(url)!r}")
         targets.append((host, int(port)))
     unsupported = sorted(
         name
         for name in params
-        if name.startswith("ssl") and name not in _SSL_PARAMS and not _SECRET_PARAM.search(name)
+        if name.startswith("ssl") and name not in _SSL_PARAMS and not SECRET_PARAM.search(name)
     )
     factory = params.get("sslfactory")
     if factory is not None and factory != _NON_VALIDATING:
@@ -215,7 +216,7 @@ def _close_quietly(conn: Any) -> None:
         conn.close()
 
 
-class PostgresSink(_JdbcSink):
+class PostgresSink(JdbcSink):
     """PostgreSQL sink: Spark JDBC into staging tables, then ONE transaction per batch.
 
     The URL is ``jdbc:postgresql://host:port/db?user=...``, or None to take the
@@ -253,7 +254,7 @@ class PostgresSink(_JdbcSink):
         del spark
         credentials = postgres_credentials(url)
         _pg8000_dbapi()
-        if _find_jar(_POSTGRES_JARS, "libpostgresql-jdbc-java") is None:
+        if find_jar(POSTGRES_JARS, "libpostgresql-jdbc-java") is None:
             raise SinkError(
                 "the PostgreSQL sink needs Debian's libpostgresql-jdbc-java "
                 "(run scripts/system-deps.sh)"
@@ -337,4 +338,6 @@ class PostgresSink(_JdbcSink):
     def _commit_preamble(self) -> list[str]:
         """Serialise concurrent committers of the same sink: the guarded inserts then
         see each other's rows."""
-        return [f"LOCK TABLE {_quote(self._table(_BATCHES_TABLE))} IN SHARE ROW EXCLUSIVE MODE"]
+        return [
+            f"LOCK TABLE {quote_identifier(self._table(BATCHES_TABLE))} IN SHARE ROW EXCLUSIVE MODE"
+        ]

@@ -7,9 +7,10 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..spark.jdbc_drivers import SQLITE_JARS, find_jar
 from .base import SinkError
 from .credentials import redact_url
-from .jdbc import _SQLITE_JARS, _find_jar, _JdbcSink
+from .jdbc import JdbcSink
 
 if TYPE_CHECKING:
     pass
@@ -20,7 +21,7 @@ __all__ = [
 ]
 
 
-class SqliteSink(_JdbcSink):
+class SqliteSink(JdbcSink):
     """SQLite database sink: Spark JDBC (Debian's xerial jar) + one SQLite transaction.
 
     The URL is ``jdbc:sqlite:/path/to/file.db``. DDL and the commit transaction go
@@ -39,7 +40,7 @@ class SqliteSink(_JdbcSink):
             raise SinkError(
                 f"a SQLite sink URL looks like jdbc:sqlite:/path/out.db, got {redact_url(url)!r}"
             )
-        if _find_jar(_SQLITE_JARS, "libxerial-sqlite-jdbc-java") is None:
+        if find_jar(SQLITE_JARS, "libxerial-sqlite-jdbc-java") is None:
             raise SinkError(
                 "the SQLite sink needs Debian's libxerial-sqlite-jdbc-java "
                 "(run scripts/system-deps.sh)"

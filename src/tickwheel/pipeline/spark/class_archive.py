@@ -12,7 +12,7 @@ The archive belongs to one JVM and one set of Spark jars: its name carries a
 fingerprint of both (:func:`fingerprint`), and a JVM started with
 ``-Xshare:auto`` ignores an archive whose jars changed. It also needs the
 class path it was recorded with: the stream puts the installed JDBC jars
-first on the driver's class path (``sinks.spark_jdbc_conf``), so every JVM
+first on the driver's class path (``jdbc_drivers.spark_jdbc_conf``), so every JVM
 that uses the archive, and the one that records it, starts with those jars
 first (:func:`session_conf`). A *damaged* archive is worse: a truncated one
 makes the JVM abort at start. So :func:`tickwheel.pipeline.prepare.build`
@@ -81,7 +81,7 @@ def _spark_jars() -> Path:
 
 def _driver_classpath() -> list[str]:
     """The jars before Spark's on an archived JVM's class path: the installed JDBC jars."""
-    from ..sinks import jdbc_jars
+    from .jdbc_drivers import jdbc_jars
 
     return jdbc_jars()
 
@@ -139,8 +139,8 @@ def startup_note(master: str) -> tuple[Path | None, str]:
 
 def session_conf() -> dict[str, str]:
     """The Spark settings an archived JVM starts with: its class path's first jars,
-    the driver class path of :func:`~.sinks.spark_jdbc_conf`. O(1)."""
-    from ..sinks import spark_jdbc_conf
+    the driver class path of :func:`~.jdbc_drivers.spark_jdbc_conf`. O(1)."""
+    from .jdbc_drivers import spark_jdbc_conf
 
     name = "spark.driver.extraClassPath"
     return {name: value} if (value := spark_jdbc_conf().get(name)) else {}

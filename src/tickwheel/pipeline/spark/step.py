@@ -86,7 +86,7 @@ __all__ = [
 MICRO_BATCH_ROWS_PER_PARTITION = 50_000
 
 #: A micro-batch of one partition with at most this many records and this many
-#: rows in its purgatory is held in the driver (:attr:`Placement.in_driver`).
+#: rows in its purgatory is held in the driver (:attr:`Placement.runs_in_driver`).
 #: Its queries then need no shuffle and no cache, but Spark evaluates them row by
 #: row as it plans them, with no generated code: below some 10,000 rows that
 #: costs less than the jobs it saves, and above it more (``docs/benchmarks.md``).
@@ -131,9 +131,10 @@ class StepOptions:
 class Placement:
     """Where a run's purgatory runs, and how wide, from its sizes (:meth:`of`).
 
-    ``small``: the run fits one partition, so its tables are small enough to
-    collect to the driver (:func:`.frames.write_parquet`). ``in_driver``: it is
-    small and has at most :data:`DRIVER_ROWS` records and purgatory rows, so
+    ``driver_writes``: the run fits one partition, so its tables are small
+    enough for the driver to collect and write (:func:`.frames.write_parquet`).
+    ``runs_in_driver``: it is written by the driver and has at most
+    :data:`DRIVER_ROWS` records and purgatory rows, so
     it is held in the driver whole: its classified records as a local
     relation (:func:`.frames.driver_copy`), its one partition run there
     (:func:`.partition.run_partition_in_driver`: no shuffle, no Python
@@ -142,8 +143,8 @@ class Placement:
     """
 
     partitions: int
-    small: bool = False
-    in_driver: bool = False
+    driver_writes: bool = False
+    runs_in_driver: bool = False
 
     @classmethod
     def of(cls, partitions: int, per: int | None, records: int, rows: int | None) -> Placement:
@@ -151,17 +152,17 @@ class Placement:
         (the new kept events and the carried state's rows; None: unknown). O(1).
 
         With ``per`` (:attr:`StepOptions.rows_per_partition`) None, or the rows
-        unknown: ``partitions``, neither small nor held (the batch driver).
+        unknown: ``partitions``, written by Spark (the batch driver).
         Else one partition per ``per`` rows, at least one and at most
-        ``partitions``; small when records and rows are at most ``per``.
+        ``partitions``; written by the driver when records and rows are at most ``per``.
         """
         if per is None or rows is None:
             return cls(partitions)
         largest = max(records, rows)
         return cls(
             partitions=max(1, min(partitions, -(-rows // per))),
-            small=largest <= per,
-            in_driver=largest <= min(per, DRIVER_ROWS),
+            driver_writes=largest <= per,
+            runs_in_driver=largest <= min(per, DRIVER_ROWS),
         )
 
 
@@ -247,7 +248,7 @@ class DelayedOperations:
     def classified(self) -> DataFrame:
         """The classified records (:func:`.classify.classify`), persisted on first use.
 
-        Once counted, a micro-batch small enough (:attr:`Placement.in_driver`)
+        Once counted, a micro-batch small enough (:attr:`Placement.runs_in_driver`)
         has them held in the driver instead (:func:`.frames.driver_copy`): its
         purgatory's input and its tables then read them with no shuffle and no
         scan of a cache.
@@ -261,7 +262,7 @@ class DelayedOperations:
         """The records' counts: the first action, which classifies them. Cached."""
         if self._counts is None:
             self._counts = RecordCounts.collect(self.classified())
-            if self.placement.in_driver:  # known from the counts
+            if self.placement.runs_in_driver:  # known from the counts
                 cached = self.classified()
                 self._classified = driver_copy(cached)
                 cached.unpersist()
@@ -285,7 +286,7 @@ class DelayedOperations:
     def rows(self) -> DataFrame:
         """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use.
 
-        A micro-batch small enough (:attr:`Placement.in_driver`) has its one
+        A micro-batch small enough (:attr:`Placement.runs_in_driver`) has its one
         partition run in the driver (:func:`.partition.run_partition_in_driver`),
         with no shuffle and no Python worker; its rows are then held there.
         """
@@ -293,7 +294,7 @@ class DelayedOperations:
             watermark = self.watermark
             if watermark is None:  # no event, nothing carried: no partition has rows
                 self._rows = empty_frame(self.spark, OUT_DDL)
-            elif self.placement.in_driver:
+            elif self.placement.runs_in_driver:
                 self._rows = run_partition_in_driver(
                     self._partition_inputs(),
                     self.rules,
@@ -400,7 +401,7 @@ class DelayedOperations:
         watermark, events = self.watermark, self.classified()
         if watermark is None:
             bound = None
-        elif self.placement.in_driver:
+        elif self.placement.runs_in_driver:
             bound = str(watermark)
         else:
             events = with_parameters(events, run_parameters(self.spark, w_new=watermark))

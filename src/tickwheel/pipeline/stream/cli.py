@@ -11,7 +11,7 @@ from typing import Any
 
 from ..spark.session import add_remote_argument, check_remote_or_master
 from .checkpoint import StreamError
-from .file_job import StreamConfig, StreamJob
+from .file_job import FileStreamJob, StreamConfig
 
 __all__ = ["add_stream_arguments", "main", "run_stream_command"]
 
@@ -146,11 +146,10 @@ def run_stream_command(args: Any) -> int:
             remote=args.remote,
             driver_memory=args.driver_memory or default_driver_memory(),
             jit=args.jit,
-            quiet=args.quiet,
             drop_incompatible_state=args.drop_incompatible_state,
             progress_metrics=args.progress_metrics,
         )
-        with _command_output(quiet=args.quiet), StreamJob(config) as job:
+        with _command_output(quiet=args.quiet), FileStreamJob(config) as job:
             job.run()
     except (StreamError, RulesError, SinkError) as exc:
         print(f"tickwheel pipeline stream: error: {exc}", file=sys.stderr)

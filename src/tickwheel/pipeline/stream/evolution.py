@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..rules import Rules
+from ..rules import Rules, format_duration
 from .checkpoint import StateStore, StreamError
 
 if TYPE_CHECKING:
@@ -105,15 +105,6 @@ class RulesChangeRefused(StreamError):
     """The rules changed in a way the checkpoint's state cannot follow."""
 
 
-def _duration(ms: int | None) -> str:
-    if ms is None:
-        return "off"
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms and ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
-
-
 def compare_rules(
     recorded: Mapping[str, Any],
     rules: Rules,
@@ -145,14 +136,18 @@ def compare_rules(
         change.drop_everything = True
     old_lateness, new_lateness = old_in.get("allowed_lateness_ms"), new_in["allowed_lateness_ms"]
     if old_lateness != new_lateness:
+        was, becomes = (format_duration(ms, as_written=True) for ms in (old_lateness, new_lateness))
         change.applied.append(
-            f"allowed_lateness {_duration(old_lateness)} -> {_duration(new_lateness)}: the "
-            "watermark is the largest event time minus the new lateness, and never moves back"
+            f"allowed_lateness {was} -> {becomes}: the watermark is the largest event time "
+            "minus the new lateness, and never moves back"
         )
     if old_in.get("retention_ms") != new_in["retention_ms"]:
+        was, becomes = (
+            format_duration(ms, as_written=True)
+            for ms in (old_in.get("retention_ms"), new_in["retention_ms"])
+        )
         change.applied.append(
-            f"retention {_duration(old_in.get('retention_ms'))} -> "
-            f"{_duration(new_in['retention_ms'])}: expiry markers are consulted, and dropped, "
+            f"retention {was} -> {becomes}: expiry markers are consulted, and dropped, "
             "by the new retention"
         )
     old_rules = {r["name"]: r for r in recorded.get("rules", [])}
@@ -168,10 +163,11 @@ def compare_rules(
             )
             change.drop_everything = True
         if old["timeout_ms"] != new["timeout_ms"]:
+            was, becomes = (format_duration(r["timeout_ms"], as_written=True) for r in (old, new))
             change.applied.append(
-                f"rule {name!r}: timeout {_duration(old['timeout_ms'])} -> "
-                f"{_duration(new['timeout_ms'])}: pending operations keep the deadline they "
-                "were opened with; operations opened from now on take the new timeout"
+                f"rule {name!r}: timeout {was} -> {becomes}: pending operations keep the "
+                "deadline they were opened with; operations opened from now on take the new "
+                "timeout"
             )
         for kind in ("open", "complete", "cancel"):
             if old[kind] != new[kind]:
@@ -192,7 +188,7 @@ def _pending_by_rule(
     """Pending operations of the rules ``names`` in batch ``batch_id``'s state: one Spark job."""
     from pyspark.sql import functions as F
 
-    from .resident import committed_frames
+    from .changelog import committed_frames
 
     ops = committed_frames(store, spark, batch_id).get("ops")
     if ops is None:
@@ -227,12 +223,12 @@ def check_rules_change(
     if not committed:
         return None
     last = committed[-1]
-    meta = store.meta(last)
-    recorded = meta.get("rules")
+    commit = store.read_commit(last)
+    recorded = commit.rules
     if not isinstance(recorded, Mapping):
         return None
     change = compare_rules(
-        recorded, rules, recorded_format=meta.get("input_format"), input_format=input_format
+        recorded, rules, recorded_format=commit.input_format, input_format=input_format
     )
     if not change:
         return None

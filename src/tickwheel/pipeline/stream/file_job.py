@@ -1,113 +1,41 @@
 """``tickwheel pipeline stream``: a directory of arriving files through the stream.
 
-:class:`StreamJob` lists new files in (modification time, name) order
-(:mod:`.file_source`), and each micro-batch reads its files into a records
-frame (:func:`tickwheel.pipeline.spark.files.read_files`); a marker file
-(``*.heartbeat``) holding an event time raises the largest event time seen, so
-the watermark advances and deadlines fire while input stalls. Its query is
-built as :func:`~.start.start_stream`'s is (:mod:`.runner`).
+:class:`FileStreamJob` starts (or joins) its session, takes the checkpoint, and
+runs the query of its input directory (:mod:`.file_input`), assembled as
+:func:`~.start.start_stream`'s is (:func:`~.query.start_query`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..rules import Rules, load_rules
-from ..spark.files import HEARTBEAT_SUFFIX, read_files, read_heartbeats
 from ..spark.records import DEFAULT_MAX_FUTURE_MS
 from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
 from ..spark.workers import WorkersError
-from ..storage import Storage, StorageError, absolute, is_uri, join, local_path, storage_for
-from .checkpoint import CheckpointFenced, CheckpointOwner, StateStore, StreamError
-from .evolution import StateAdjustment
-from .micro_batch import MicroBatch, MicroBatchInput
-from .resident import end_resident_state
-from .runner import (
-    BatchRunner,
-    _before_first_batch,
-    _checkpoint_root,
-    _new_plan,
-    _spark_checkpoint,
-    _with_trigger,
-    parse_trigger,
-)
-from .start import _drain_and_stop, _progress_spool, _start_companion
+from ..storage import absolute, is_uri
+from .checkpoint import StateStore, StreamError, take_checkpoint
+from .file_input import InputFiles
+from .micro_batch import MicroBatchInput
+from .query import before_first_batch, parse_trigger, start_query
+from .resident import HeldState
+from .runner import StreamStep
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from ..sinks import BatchSink
-    from .file_log import FileLog
 
 __all__ = [
+    "FileStreamJob",
     "StreamConfig",
-    "StreamJob",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def _within(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or under it; local paths compared with their
-    links resolved, as the files would be reached. O(len)."""
-    path, directory = local_path(path), local_path(directory)
-    if is_uri(path) or is_uri(directory):
-        return (path.rstrip("/") + "/").startswith(directory.rstrip("/") + "/")
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([path, directory]) == directory
-
-
-def _source_archive_dir(config: StreamConfig) -> str | None:
-    """``--source-archive-dir`` made absolute, once the clean-source options agree. O(1).
-
-    ``archive`` needs the directory and ``off``/``delete`` take none; it must
-    not be inside the input, where the archived files would be listed again
-    (Spark's file source refuses that too).
-    """
-    from .file_source import CLEAN_SOURCE_MODES
-
-    mode, archive = config.clean_source, config.source_archive_dir
-    if mode not in CLEAN_SOURCE_MODES:
-        raise StreamError(f"--clean-source: expected off, archive or delete, got {mode!r}")
-    if mode != "archive":
-        if archive is not None:
-            raise StreamError(
-                f"--source-archive-dir is for --clean-source archive (here {mode}): "
-                "drop it, or archive"
-            )
-        return None
-    if not archive:
-        raise StreamError("--clean-source archive needs --source-archive-dir, the directory "
-                          "the committed files move to")  # fmt: skip
-    archive = absolute(archive)
-    if _within(archive, absolute(config.input)):
-        raise StreamError(
-            f"--source-archive-dir {archive} is inside --input {config.input}: the archived "
-            "files would be taken again"
-        )
-    return archive
-
-
-def _max_file_age_ms(text: str | None) -> int | None:
-    """``--max-file-age`` (a duration: ``7d``, ``12h``, ``30m``) in ms; None: no limit. O(1)."""
-    from ..rules import RulesError, parse_duration
-
-    if text is None:
-        return None
-    try:
-        age = parse_duration(text, "--max-file-age")
-    except RulesError as exc:
-        raise StreamError(str(exc)) from None
-    if age <= 0:
-        raise StreamError(f"--max-file-age must be positive, got {text!r}")
-    return age
 
 
 @dataclass(frozen=True)
@@ -131,10 +59,7 @@ class StreamConfig:
     master: str | None = None
     remote: str | None = None  # a Spark Connect URL (sc://host:port), instead of master
     driver_memory: str | None = None  # default: spark.session.default_driver_memory()
-    jit: str = "auto"  # auto | c1 | c2: see StreamJob.quick_jit
-    # No progress lines on the command line (its handler shows warnings only);
-    # a library caller configures the tickwheel.pipeline loggers instead.
-    quiet: bool = False
+    jit: str = "auto"  # auto | c1 | c2: see FileStreamJob.quick_jit
     # Go on past a rules change the state cannot follow, dropping what it concerns.
     drop_incompatible_state: bool = False
     # Each micro-batch's figures in Spark's progress, through a companion query.
@@ -148,7 +73,7 @@ class StreamConfig:
     max_file_age: str | None = None
 
 
-class StreamJob:
+class FileStreamJob:
     """``tickwheel pipeline stream``: a directory of arriving files through the stream.
 
     The job runs in ``spark`` as the caller set it up; without one, it starts
@@ -168,31 +93,22 @@ class StreamJob:
         parse_trigger(config.trigger)
         if config.jit not in ("auto", "c1", "c2"):
             raise StreamError(f"--jit: expected auto, c1 or c2, got {config.jit!r}")
-        # The ordered source lists and logs in a Python process without Hadoop: it
-        # takes a local (or mounted) input and checkpoint. Any URI: Spark's own.
-        self.ordered_source = not is_uri(config.input) and not is_uri(config.checkpoint)
-        if not is_uri(config.input) and not os.path.isdir(config.input):
-            raise StreamError(f"--input {config.input}: not a directory")
-        self.source_archive_dir = _source_archive_dir(config)
-        self.max_file_age_ms = _max_file_age_ms(config.max_file_age)
+        self.files = InputFiles(
+            config.input, config.checkpoint, self.rules, self.input_format,
+            max_files_per_trigger=config.max_files_per_trigger,
+            clean_source=config.clean_source, source_archive_dir=config.source_archive_dir,
+            max_file_age=config.max_file_age,
+        )  # fmt: skip
         self.checkpoint = absolute(config.checkpoint)
-        self.root = join(self.checkpoint, "tickwheel")
-        self._lock: CheckpointOwner | None = None
         self._store: StateStore | None = None
         if not is_uri(self.checkpoint):  # refused before Spark starts
-            self._open_checkpoint(None)
+            self._store = take_checkpoint(self.checkpoint)
+        #: The state between micro-batches, held by the process that runs them.
+        self.held = HeldState()
         self._spark = spark
         self._batch_spark: SparkSession | None = None
-        self._input_storage: Storage | None = None  # a URI input's, in the batches' session
-        self._file_log_path = os.path.join(self.root, "files.log")
-        self._file_log: FileLog | None = None  # the source's file log, read in the driver
+        #: The sink, once :meth:`run` made it.
         self.sink: BatchSink | None = None
-        self.options: StepOptions | None = None
-        self._adjustment: StateAdjustment | None = None
-
-    def _open_checkpoint(self, spark: SparkSession | None) -> None:
-        """Take the checkpoint (refused if a job holds it); a URI one through ``spark``."""
-        _root, self._store, self._lock = _checkpoint_root(self.checkpoint, spark)
 
     @property
     def store(self) -> StateStore:
@@ -233,17 +149,14 @@ class StreamJob:
         (a URI), whose new files are known only once the JVM is up.
         """
         from ..spark.session import quick_jit_for
-        from .file_log import FileLog
 
         if self.config.jit != "auto":
             return self.config.jit == "c1"
-        if parse_trigger(self.config.trigger)[0] == "interval" or not self.ordered_source:
-            return False  # unbounded, or new files known only once Spark lists them
-        log = FileLog(self._file_log_path, repair=False, max_file_age_ns=self._max_file_age_ns())
-        new_bytes = 0
-        for path, _mtime in log.new_files(self.config.input):
-            with contextlib.suppress(FileNotFoundError):  # removed since listed
-                new_bytes += os.path.getsize(path)
+        if parse_trigger(self.config.trigger)[0] == "interval":
+            return False  # unbounded
+        new_bytes = self.files.new_bytes()
+        if new_bytes is None:  # new files known only once Spark lists them
+            return False
         return quick_jit_for(self.config.master or "local[2]", new_bytes)
 
     def _session(self) -> SparkSession:
@@ -304,138 +217,27 @@ class StreamJob:
 
     def __getstate__(self) -> dict[str, Any]:
         """What Spark Connect ships of the job to the process that runs ``foreachBatch``:
-        no session, lock or open log (that process makes its own). O(1)."""
-        state = dict(self.__dict__)
-        state.update(_spark=None, _batch_spark=None, _file_log=None, _lock=None,
-                     _input_storage=None)  # fmt: skip
-        return state
+        no session (that process makes its own; the store's owner carries its token,
+        not its lock). O(1)."""
+        return {**self.__dict__, "_spark": None, "_batch_spark": None}
 
     def close(self) -> None:
-        """Release the checkpoint lock (the SparkSession is left to its owner)."""
-        if self._lock is not None:
-            self._lock.release()
+        """Release the checkpoint (the SparkSession is left to its owner)."""
+        if self._store is not None and self._store.owner is not None:
+            self._store.owner.release()
 
-    def __enter__(self) -> StreamJob:
+    def __enter__(self) -> FileStreamJob:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- running ------------------------------------------------------------
-    def _on_batch(
-        self, files_df: DataFrame, batch_id: int
-    ) -> tuple[Mapping[str, Any], dict[str, Any]]:
-        """Micro-batch ``batch_id`` of the files the source listed (in its order).
-
-        A replay reuses the plan its first attempt wrote, files included.
-        """
-
-        def new_plan() -> dict[str, Any]:
-            files = self._files(files_df, batch_id)
-            return _new_plan(batch_id, files=files, input=absolute(self.config.input),
-                             input_format=self.input_format)  # fmt: skip
-
-        self._batch_session(files_df.sparkSession)
-        plan = self.store.plan(batch_id, new_plan)
-        return plan, self._run_batch(batch_id, plan)
-
-    def _files(self, files_df: DataFrame, batch_id: int) -> list[str]:
-        """The files of micro-batch ``batch_id``: from the logs, else from its rows.
-
-        Spark's file source (a URI) gives its rows, taken here in (modification
-        time, name) order, as the ordered source logs them.
-        """
-        from .file_log import FileLog, logged_batch_files
-
-        if not self.ordered_source:
-            rows = files_df.select("modificationTime", "path").collect()
-            return [path for _mtime, path in sorted((r[0], r[1]) for r in rows)]
-        if self._file_log is None:
-            self._file_log = FileLog(self._file_log_path, repair=False)
-        spark_checkpoint = _spark_checkpoint(self.checkpoint)
-        listed = logged_batch_files(spark_checkpoint, self._file_log, batch_id)
-        if listed is None:  # not the offsets this source logs: one Spark job reads the rows
-            listed = [r["path"] for r in files_df.collect()]
-        return listed
-
-    def _run_batch(self, batch_id: int, plan: Mapping[str, Any]) -> dict[str, Any]:
-        """Compute and commit micro-batch ``batch_id`` from its plan's files; its counts."""
-        assert self.sink is not None and self.options is not None
-        batch = self._files_input(plan)
-        return MicroBatch(
-            self.rules, self.store, self.sink, self.options, batch, self._adjustment,
-            outcome_counts=self.config.progress_metrics,
-        ).run()  # fmt: skip
-
-    def _files_input(self, plan: Mapping[str, Any]) -> MicroBatchInput:
-        """The plan's files as the micro-batch's records, refused files and heartbeats."""
-        from ..spark.frames import empty_frame
-
-        spark = self._batch_session()
-        files, storage = list(plan["files"]), self._storage_of_input()
-        if not is_uri(self.config.input):  # Spark's file source, and older plans: file:/...
-            files = [local_path(p) for p in files]
-        markers = [p for p in files if p.endswith(HEARTBEAT_SUFFIX) and storage.exists(p)]
-        times, refused = read_heartbeats(markers, self.rules, storage)
-        records, unread = read_files(
-            spark, [p for p in files if p not in markers], self.input_format, storage
-        )
-        if records is None:
-            records = empty_frame(spark, "value string")
-        return MicroBatchInput(records, plan, [*refused, *unread], times)
-
-    def _storage_of_input(self) -> Storage:
-        """Where the input's files are read: locally, or through the batches' session."""
-        if self._input_storage is None:
-            from ..storage import LocalStorage
-
-            self._input_storage = (
-                LocalStorage()
-                if not is_uri(self.config.input)
-                else storage_for(self.config.input, self._batch_session())
-            )
-        return self._input_storage
-
-    def _source(self, spark: SparkSession) -> DataFrame:
-        """The query's streaming frame of new files: the ordered source, else Spark's own."""
-        from .file_source import BINARY_FILE_SCHEMA, SOURCE_NAME, OrderedFileSource
-
-        options = self._source_options()
-        if self.ordered_source:
-            # Spark's own file source orders files by modification time only; this
-            # one by (modification time, name), logged in the checkpoint.
-            spark.dataSource.register(OrderedFileSource)
-            reader = spark.readStream.format(SOURCE_NAME).option("log", self._file_log_path)
-            return reader.options(**options).load(os.path.abspath(self.config.input))
-        try:
-            found = storage_for(self.config.input, spark).exists(self.config.input)
-        except StorageError as exc:
-            raise StreamError(f"--input {exc}") from None
-        if not found:
-            raise StreamError(f"--input {self.config.input}: not found")
-        # binaryFile's rows without their content column: Spark reads no bytes.
-        reader = spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA)
-        return reader.options(**options).load(self.config.input).select("path", "modificationTime")
-
-    def _source_options(self) -> dict[str, str]:
-        """The file source's options, by Spark's names, which both sources take. O(1).
-
-        Without ``--max-file-age``, Spark's own source keeps its default (7 days).
-        """
-        options: dict[str, str] = {}
-        if self.config.max_files_per_trigger:
-            options["maxFilesPerTrigger"] = str(self.config.max_files_per_trigger)
-        if self.config.clean_source != "off":
-            options["cleanSource"] = self.config.clean_source
-        if self.source_archive_dir is not None:
-            options["sourceArchiveDir"] = self.source_archive_dir
-        if self.max_file_age_ms is not None:
-            options["maxFileAge"] = f"{self.max_file_age_ms}ms"
-        return options
-
-    def _max_file_age_ns(self) -> int | None:
-        """``--max-file-age`` in ns, as the file log compares modification times."""
-        return None if self.max_file_age_ms is None else self.max_file_age_ms * 1_000_000
+    def _batch_input(self, files_df: DataFrame, batch_id: int) -> MicroBatchInput:
+        """Micro-batch ``batch_id``'s plan and records (:meth:`.InputFiles.batch_input`), read
+        in the batches' session."""
+        spark = self._batch_session(files_df.sparkSession)
+        return self.files.batch_input(files_df, batch_id, self.store, spark)
 
     def run(self) -> dict[str, Any]:
         """Run the query to the end of the trigger (once / available-now) or forever."""
@@ -443,59 +245,32 @@ class StreamJob:
         from ..spark.session import is_classic
 
         spark = self._session()
-        if self._lock is None:
-            self._open_checkpoint(spark)
+        if self._store is None:  # a URI checkpoint, taken through the session
+            self._store = take_checkpoint(self.checkpoint, spark)
         config = self.config
         try:
-            self._adjustment = _before_first_batch(
+            adjustment = before_first_batch(
                 spark, self.store, self.rules, input_format=self.input_format,
                 drop_incompatible_state=config.drop_incompatible_state,
             )  # fmt: skip
         except WorkersError as exc:
             raise StreamError(str(exc)) from None
         before = self.store.committed()
-        jvm_pid = None
-        if is_classic(spark):  # a Connect client has no JVM of its own to wait for
-            with contextlib.suppress(Exception):
-                jvm = spark.sparkContext._jvm
-                assert jvm is not None
-                jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
-        assert self._lock is not None
-        self._lock.write_owner(jvm_pid)
-        self.sink = make_sink(config.sink, config.output, spark, url=config.jdbc_url)
+        self.sink = sink = make_sink(config.sink, config.output, spark, url=config.jdbc_url)
         logger.info("%s", f"rules {self.rules.names}, input {config.input} ({self.input_format}),"
-             f" sink {self.sink.describe()}, checkpoint {self.checkpoint}")  # fmt: skip
-        self.options = StepOptions(
-            partitions=config.partitions,
-            rows_per_partition=config.rows_per_partition,
-            max_future_ms=config.max_future_ms,
-            input_format="columns"
-            if self.input_format in ("csv", "parquet")
-            else self.input_format,
-        )
-        spool = _progress_spool(config.progress_metrics)
-        publish = spool.write if spool is not None else None
-        runner = BatchRunner(self.store, self.sink, self._on_batch, config.quiet, publish)
-        writer = self._source(spark).writeStream.foreachBatch(runner)
-        writer = writer.option("checkpointLocation", _spark_checkpoint(self.checkpoint))
+             f" sink {sink.describe()}, checkpoint {self.checkpoint}")  # fmt: skip
+        step = StreamStep(
+            self.rules, self._step_options(), self.input_format, adjustment,
+            outcome_counts=config.progress_metrics,
+        )  # fmt: skip
         started = time.perf_counter()
-        query = _with_trigger(writer, config.trigger).start()
-        companion = None
-        try:
-            companion = _start_companion(spark, query, spool)
-            query.awaitTermination()
-        except Exception as exc:  # a fenced job says so in one message, not a trace
-            fenced = CheckpointFenced.found_in(exc)
-            if fenced is None:
-                raise
-            raise fenced from None
-        finally:
-            if query.isActive:
-                query.stop()
-            if companion is not None:
-                _drain_and_stop(companion)
-        summary = runner.summary(time.perf_counter() - started)
-        end_resident_state(self.store)
+        running = start_query(
+            self.files.source(spark), step, sink, self.store, config.trigger,
+            inputs=self._batch_input, held=self.held, progress_metrics=config.progress_metrics,
+            record_driver_jvm=True,
+        )  # fmt: skip
+        running.wait()
+        summary = running.runner.summary(time.perf_counter() - started)
         if not is_classic(spark):
             # foreachBatch ran in a process beside the Connect server, which printed
             # each micro-batch's counts; its batch ids are consecutive.
@@ -503,3 +278,14 @@ class StreamJob:
             summary["batches_run"] = (last[-1] if last else -1) - (before[-1] if before else -1)
         logger.info("done: %s", json.dumps(summary, sort_keys=True))
         return summary
+
+    def _step_options(self) -> StepOptions:
+        """The step's options from the command's: CSV and Parquet files are read as
+        columns. O(1)."""
+        config, form = self.config, self.input_format
+        return StepOptions(
+            partitions=config.partitions,
+            rows_per_partition=config.rows_per_partition,
+            max_future_ms=config.max_future_ms,
+            input_format="columns" if form in ("csv", "parquet") else form,
+        )

@@ -1,38 +1,40 @@
-"""One micro-batch of the stream: the one step with carried state, then the commit.
-
-:meth:`MicroBatch.run` takes the micro-batch's records (a frame from any
-source), loads the state the latest committed batch left
-(:meth:`~MicroBatch.carried_state`), runs the delayed-operations step of
-:mod:`tickwheel.pipeline.spark.step` on both, warns about abnormal batches,
-and :meth:`~MicroBatch.commit`\\ s: the outputs staged in the sink and the next
-state written in the checkpoint, each under the attempt's own names; then the
-one new file that is the commit point, which names them; then the sink
-publishes what the commit named (:func:`publish_outputs`, which a replay after a
-crash repeats). See ``docs/pipeline-design.md``, "Commit protocol".
-"""
+"""One micro-batch of the stream: the step with the carried state, then the commit that
+makes it count, once (its part of ``docs/pipeline-design.md``, "One micro-batch" and
+"Commit protocol (exactly once)")."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..rules import Rules
+from ..attempt import Attempt
+from ..rules import Rules, format_duration
 from ..spark.classify import EVENT_STATE_COLUMNS
 from ..spark.frames import sql_name, to_arrow
 from ..spark.outputs import OPS_COLUMNS, split_ops
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
-from .checkpoint import Attempt, StateStore, fault
+from ..spark.watermark import RecordCounts
+from .changelog import rebuild, write_tables
+from .checkpoint import Commit, StateEntry, StateStore, fault
 from .evolution import StateAdjustment, rules_record
-from .resident import ResidentState, next_resident, rebuild, state_entry, write_tables
+from .resident import HeldState, ResidentState, next_entry, next_resident
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from ..sinks import BatchSink
 
-__all__ = ["GAUGES", "MicroBatch", "MicroBatchInput", "abnormal_batch_warnings", "publish_outputs"]
+__all__ = [
+    "GAUGES",
+    "TABLES",
+    "MicroBatch",
+    "MicroBatchInput",
+    "abnormal_batch_warnings",
+    "publish_outputs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,47 +57,91 @@ class MicroBatchInput:
 
 
 class MicroBatch:
-    """The computation and commit of one micro-batch of a stream."""
+    """The computation and commit of one micro-batch of a stream.
+
+    :meth:`run` takes its steps in order: run the step on the records with the
+    carried state (:meth:`carried_state`), check the batch
+    (:func:`abnormal_batch_warnings`), build its :class:`~.checkpoint.Commit`,
+    commit (:meth:`commit`: the outputs and the next state staged under the
+    attempt's own names, then the one new commit file), and publish
+    (:func:`publish_outputs`).
+    """
 
     def __init__(
         self,
         rules: Rules,
         store: StateStore,
+        held: HeldState,
         sink: BatchSink,
         options: StepOptions,
         batch: MicroBatchInput,
         adjustment: StateAdjustment | None = None,
         outcome_counts: bool = False,
     ) -> None:
-        """O(1): nothing is read until :meth:`run`.
+        """O(1) but for the previous commit, read (or known) once.
 
+        ``held`` is the state the runner holds between micro-batches.
         ``adjustment`` (:func:`.evolution.check_rules_change`) says what to drop
         from the state of the batch it names, when this batch carries that one.
         ``outcome_counts`` adds the rejected records and the operations
         completed, expired, cancelled and still pending to the counts :meth:`run`
         returns, at the cost of one Spark job over the cached rows.
         """
-        self.rules, self.store, self.sink, self.batch = rules, store, sink, batch
+        self.rules, self.store, self.held, self.sink = rules, store, held, sink
+        self.batch, self.options, self.outcome_counts = batch, options, outcome_counts
         self.batch_id = int(batch.plan["batch_id"])
-        self.options, self.outcome_counts = options, outcome_counts
         self.spark = batch.records.sparkSession
-        self.previous = store.latest_before(self.batch_id)
-        self.meta: dict[str, Any] = store.meta(self.previous) if self.previous is not None else {}
+        before = store.latest_before(self.batch_id)
+        #: The commit this batch carries the state of (None for the first).
+        self.previous: Commit | None = None if before is None else store.read_commit(before)
         self.adjustment = (
-            adjustment if adjustment is not None and adjustment.after == self.previous else None
+            adjustment if adjustment is not None and adjustment.after == before else None
         )
-        self.held: ResidentState | None = None  # the carried state, once loaded
+        self.carried: ResidentState | None = None  # the carried state, once loaded
+
+    # -- 1. the step -------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Compute the batch, check it, commit it and publish it; its counts and warnings."""
+        with DelayedOperations(
+            self.batch.records, self.rules, self._step_options(), self.carried_state()
+        ) as step:
+            counts = step.counts()
+            commit = self.build_commit(step, counts, self.check(step, counts))
+            committed = self.commit(step, commit)
+            more = self._outcome_counts(step, counts) if self.outcome_counts else {}
+        self.publish(committed)
+        far_future = commit.counts["far_future"]
+        if far_future:
+            logger.warning(
+                "batch %d: %d record(s) stamped too far after processing time went to "
+                "rejected/ as far_future", self.batch_id, far_future,
+            )  # fmt: skip
+        return {
+            **commit.counts,
+            **more,
+            "watermark": commit.watermark,
+            "warnings": list(commit.warnings),
+        }
+
+    def _step_options(self) -> StepOptions:
+        """The driver's options with what this batch adds: its plan's processing time,
+        the records refused before reading, the heartbeats, and the carried state."""
+        return dataclasses.replace(
+            self.options,
+            now_ms=int(self.batch.plan["now_ms"]),
+            carry=True,
+            refused=self.batch.refused,
+            event_times=self.batch.event_times,
+        )
 
     def carried_state(self) -> CarriedState:
         """The state the latest committed batch left (nothing before the first): the one
         this process holds when it is that commit's (:mod:`.resident`), else rebuilt
         from the checkpoint's snapshot and changelogs. Lazy frames."""
-        adjustment = self.adjustment
-        if adjustment is not None and adjustment.everything:
+        adjustment, previous = self.adjustment, self.previous
+        if previous is None or (adjustment is not None and adjustment.everything):
             return CarriedState(None, None)  # as a new checkpoint would start
-        held = self._held_state()
-        if held is None:
-            return CarriedState(None, None)
+        held = self._carried(previous)
         frames = held.as_frames(self.spark)
         rows: int | None = held.rows
         ops = frames.get("ops")
@@ -103,33 +149,21 @@ class MicroBatch:
             from pyspark.sql import functions as F
 
             ops, rows = ops.where(~F.col("rule").isin(sorted(adjustment.rules))), None
-        return CarriedState(
-            self.meta.get("watermark"), self.meta.get("max_time"), frames.get("events"), ops, rows
-        )
+        return CarriedState(previous.watermark, previous.max_time, frames.get("events"), ops, rows)
 
-    def _held_state(self) -> ResidentState | None:
-        """The previous commit's state, held: this process's own if it is the one the
-        commit names, never another (a takeover, a fenced attempt, a replay), else
-        rebuilt and held from now on. None before the first batch."""
-        if self.previous is None:
-            return None
-        store, held = self.store, self.store.resident
-        if held is not None and held.matches(self.previous, self.meta):
-            self.held = held
-            return held
-        if held is not None:
-            logger.info(
-                "batch %d: the state held (batch %d) is not the last commit's (batch %d): "
-                "rebuilt", self.batch_id, held.batch_id, self.previous,
-            )  # fmt: skip
-            held.release()
-        rows = self.meta.get("state_rows")
-        per = self.options.rows_per_partition
-        small = isinstance(rows, int) and per is not None and rows <= per
-        store.resident = self.held = rebuild(
-            store, self.spark, self.previous, self.meta, self._schemas(), in_driver=small
-        )
-        return self.held
+    def _carried(self, previous: Commit) -> ResidentState:
+        """The state ``previous`` left: the one held when it is that commit's, never
+        another (a takeover, a fenced attempt, a replay), else rebuilt and held from
+        now on (as Arrow when it fits a driver-written batch)."""
+        state = self.held.take_for(previous, self.batch_id)
+        if state is None:
+            per = self.options.rows_per_partition
+            rows = previous.state_rows
+            as_arrow = rows is not None and per is not None and rows <= per
+            state = rebuild(self.store, self.spark, previous, self._schemas(), as_arrow)
+            self.held.hold(state)
+        self.carried = state
+        return state
 
     def _schemas(self) -> dict[str, str]:
         """Each state table's DDL: reading it then needs no job over its footers."""
@@ -143,172 +177,146 @@ class MicroBatch:
         keys = [f"k_{k}" for k in self.rules.key_fields]
         return {"events": ddl([*EVENT_STATE_COLUMNS, *keys]), "ops": ddl(OPS_COLUMNS)}
 
-    def _previous_span(self) -> int | None:
-        """The previous batch's own events' span of event time (older states lack it)."""
-        first, last = self.meta.get("new_min_time"), self.meta.get("new_max_time")
-        return None if first is None or last is None else last - first
+    def _outcome_counts(self, step: DelayedOperations, counts: RecordCounts) -> dict[str, int]:
+        """The rejected records and the operations by outcome (after the writes, which
+        cached the rows: one more job)."""
+        outcomes = step.stats().outcomes
+        more = {"rejected": counts.rejected_total}
+        for outcome in ("completed", "expired", "cancelled", "pending"):
+            more[outcome] = outcomes.get(outcome, 0)
+        return more
 
-    def run(self) -> dict[str, Any]:
-        """Compute the batch and commit it; return its counts and warnings."""
-        options = StepOptions(
-            partitions=self.options.partitions,
-            max_future_ms=self.options.max_future_ms,
-            now_ms=int(self.batch.plan["now_ms"]),
-            input_format=self.options.input_format,
-            carry=True,
-            refused=self.batch.refused,
-            event_times=self.batch.event_times,
-            rows_per_partition=self.options.rows_per_partition,
+    # -- 2. the check --------------------------------------------------------------------
+    def check(self, step: DelayedOperations, counts: RecordCounts) -> list[str]:
+        """What looks wrong about this batch (:func:`abnormal_batch_warnings`)."""
+        previous = self.previous
+        span = None
+        if previous is not None and None not in (previous.new_min_time, previous.new_max_time):
+            assert previous.new_min_time is not None and previous.new_max_time is not None
+            span = previous.new_max_time - previous.new_min_time
+        return abnormal_batch_warnings(
+            arrived=counts.arrived,
+            late=counts.late,
+            previous_max_time=previous.max_time if previous is not None else None,
+            watermark=step.watermark,
+            longest_timeout_ms=max(r.timeout_ms for r in self.rules.rules),
+            previous_span_ms=span,
         )
-        with DelayedOperations(
-            self.batch.records, self.rules, options, self.carried_state()
-        ) as step:
-            counts = step.counts()
-            warnings = abnormal_batch_warnings(
-                arrived=counts.arrived,
-                late=counts.late,
-                previous_max_time=self.meta.get("max_time"),
-                watermark=step.watermark,
-                longest_timeout_ms=max(r.timeout_ms for r in self.rules.rules),
-                previous_span_ms=self._previous_span(),
-            )
-            reported = {
+
+    # -- 3. the commit's record ------------------------------------------------------------
+    def build_commit(
+        self, step: DelayedOperations, counts: RecordCounts, warnings: Sequence[str]
+    ) -> Commit:
+        """What this batch's commit records of it, before its attempt, state and sink's
+        staging are known (:meth:`commit` adds them). O(1) once counted."""
+        plan = self.batch.plan
+        files = plan.get("files")
+        return Commit(
+            batch_id=self.batch_id,
+            watermark=step.watermark,
+            max_time=step.max_time,
+            new_min_time=counts.min_time,
+            new_max_time=counts.max_time,
+            files=None if files is None else tuple(files),
+            rules=rules_record(self.rules),  # what a restart compares its rules with
+            input=plan.get("input"),
+            input_format=plan.get("input_format"),  # older plans lack it
+            purgatory_partitions=step.placement.partitions,
+            written_by="driver" if step.placement.driver_writes else "spark",
+            counts={
                 "late": counts.late,
                 "far_future": counts.rejected.get("far_future", 0),
                 "events": counts.events,
                 "duplicates": counts.duplicates,
                 "conflicts": counts.rejected.get("conflict", 0),
-            }
-            tables = {
-                "outcomes": step.final_outcomes,
-                "unmatched": step.unmatched,
-                "rejected": step.rejected,
-                "late": step.late,
-            }
-            # Known from the counts, so an empty one costs no Spark job. (The outcomes'
-            # and unmatched rows are counted by the partitions, which run inside the
-            # writes: collecting their counters first would be one more job.)
-            rows = {"rejected": counts.rejected_total, "late": counts.late}
-            meta = {
-                "batch_id": self.batch_id,
-                "watermark": step.watermark,
-                "max_time": step.max_time,
-                "new_min_time": counts.min_time,
-                "new_max_time": counts.max_time,
-                "files": self.batch.plan.get("files"),
-                "rules": rules_record(self.rules),  # what a restart compares its rules with
-                "input": self.batch.plan.get("input"),
-                "input_format": self.batch.plan.get("input_format"),  # older plans lack it
-                "purgatory_partitions": step.placement.partitions,
-                "written_by": "driver" if step.placement.small else "spark",
-                "counts": reported,
-                "warnings": warnings,
-            }
-            self.commit(
-                tables,
-                step,
-                meta,
-                empty={t for t, n in rows.items() if not n},
-                small=step.placement.small,
-            )
-            more: dict[str, int] = {}
-            if self.outcome_counts:  # after the writes, which cached the rows
-                outcomes = step.stats().outcomes
-                more["rejected"] = counts.rejected_total
-                for outcome in ("completed", "expired", "cancelled", "pending"):
-                    more[outcome] = outcomes.get(outcome, 0)
-        if reported["far_future"]:
-            logger.warning(
-                "batch %d: %d record(s) stamped too far after processing time went to "
-                "rejected/ as far_future",
-                self.batch_id, reported["far_future"],
-            )  # fmt: skip
-        return {**reported, **more, "watermark": meta["watermark"], "warnings": warnings}
+            },
+            warnings=tuple(warnings),
+        )
 
-    def commit(
-        self,
-        tables: Mapping[str, DataFrame],
-        step: DelayedOperations,
-        meta: Mapping[str, Any],
-        empty: Collection[str] = (),
-        small: bool = False,
-    ) -> None:
-        """Stage the outputs and the next state (their Spark jobs overlap), commit, then
-        publish.
-
-        This attempt writes under names of its own (:class:`~.checkpoint.Attempt`):
-        the next state of ``step`` in ``state/N/<attempt>/``, as its changes since
-        the state carried in or whole (:mod:`.resident`), the outputs where the
-        sink stages them, out of readers' sight. The commit point is one new file in the
-        batch's commit slot (:meth:`~.checkpoint.StateStore.commit`, fenced),
-        which names the attempt and what the sink staged; only then does the
-        sink publish it (:func:`publish_outputs`). Tables in ``empty`` are known to
-        have no rows (from the counts): no Spark job writes them. With
-        ``small`` (:attr:`.step.Placement.small`) the driver collects and
-        writes the state and the sink's tables
-        (:func:`~..spark.frames.write_parquet`).
-        """
+    # -- 4. the commit -------------------------------------------------------------------
+    def commit(self, step: DelayedOperations, commit: Commit) -> Commit:
+        """Stage the outputs and the next state under a new attempt's own names (their
+        Spark jobs overlap), then commit: one new file in the batch's commit slot
+        (:meth:`~.checkpoint.StateStore.commit`, fenced), naming the attempt, the
+        state and what the sink staged. The state is held from then on; the
+        commit as made is returned."""
         from concurrent.futures import ThreadPoolExecutor
 
-        batch_id, sink, store = self.batch_id, self.sink, self.store
-        attempt = Attempt.new(store.token)
-        staged = None
+        attempt = Attempt.new(self.store.token)
         with ThreadPoolExecutor(max_workers=2) as pool:
-            state_write = pool.submit(self._write_state, step, attempt, small)
-            # An older release's sink committed before its checkpoint did: published.
-            if not sink.is_committed(batch_id):
-                staged = sink.stage(
-                    batch_id,
-                    tables,
-                    attempt,
-                    on_table=lambda _name: fault("mid_batch", batch_id),
-                    empty=empty,
-                    small=small,
-                )
-            fault("after_outputs", batch_id)
+            state_write = pool.submit(self._write_state, step, attempt)
+            staged = self._stage_outputs(step, attempt)
+            fault("after_outputs", self.batch_id)
             written, entry = state_write.result()
-        fault("after_state", batch_id)
+        fault("after_state", self.batch_id)
         try:
-            record = store.commit(batch_id, {
-                **meta, "state_rows": written.rows, "state": entry, "attempt": attempt.tag,
-                "sink": {**sink_location(sink), "staged": staged},
-            })  # fmt: skip
+            committed = self.store.commit(dataclasses.replace(
+                commit, attempt=attempt.tag, state_rows=written.rows, state=entry,
+                sink={**sink_location(self.sink), "staged": staged},
+            ))  # fmt: skip
         except BaseException:
             written.release()
             raise
-        previous, store.resident = store.resident, written
-        if previous is not None and previous is not written:
-            previous.release()
-        fault("after_commit", batch_id)
-        publish_outputs(store, sink, batch_id, record)
+        self.held.hold(written)
+        fault("after_commit", self.batch_id)
+        return committed
+
+    def _stage_outputs(self, step: DelayedOperations, attempt: Attempt) -> Any:
+        """The sink's staging of the four tables (None when the sink shows the batch
+        already: an older release's sink committed before its checkpoint did). Tables
+        the counts show empty cost no Spark job."""
+        if self.sink.is_committed(self.batch_id):
+            return None
+        counts = step.counts()
+        # Known from the counts, so an empty one costs no Spark job. (The outcomes' and
+        # unmatched rows are counted by the partitions, which run inside the writes:
+        # collecting their counters first would be one more job.)
+        rows = {"rejected": counts.rejected_total, "late": counts.late}
+        tables = {
+            "outcomes": step.final_outcomes,
+            "unmatched": step.unmatched,
+            "rejected": step.rejected,
+            "late": step.late,
+        }
+        return self.sink.stage(
+            self.batch_id,
+            tables,
+            attempt,
+            on_table=lambda _name: fault("mid_batch", self.batch_id),
+            empty={t for t, n in rows.items() if not n},
+            small=step.placement.driver_writes,
+        )
 
     def _write_state(
-        self, step: DelayedOperations, attempt: Attempt, small: bool
-    ) -> tuple[ResidentState, dict[str, Any]]:
+        self, step: DelayedOperations, attempt: Attempt
+    ) -> tuple[ResidentState, StateEntry]:
         """Write the next state under ``attempt``: its changes since the state carried
-        in, or the whole of it when a snapshot is due (:func:`.resident.state_entry`;
+        in, or the whole of it when a snapshot is due (:func:`.resident.next_entry`;
         always after a rules change dropped state, which the changes do not show).
-        Returns it, held as the next batch will take it, and the commit's ``state``
-        entry.
+        Returns it, to hold once committed, and the commit's state entry.
 
-        ``small``: the tables collected to the driver as Arrow (no job for those
-        the driver holds already: :func:`~..spark.frames.to_arrow`) and written
-        there. Else locally checkpointed by Spark, where they stay, and written
-        by Spark's writer.
+        A driver-written batch (:attr:`~..spark.step.Placement.driver_writes`)
+        collects the tables as Arrow (no job for those the driver holds already:
+        :func:`~..spark.frames.to_arrow`) and writes them there; else Spark keeps
+        them, locally checkpointed, and its writer writes them.
         """
-        entry = state_entry(self.held, self.store.snapshot_every, full=self.adjustment is not None)
-        if small:  # two collections: the events, the operations with their changes
+        full = self.adjustment is not None
+        entry = next_entry(self.carried, self.held.snapshot_every, full=full)
+        if step.placement.driver_writes:  # two collections: the events, the ops and changes
             ops = split_ops(to_arrow(step.ops_rows()))
             state = {"events": to_arrow(step.next_state()["events"]), "ops": ops.pop("ops")}
             changes: dict[str, Any] = ops
         else:
             state = {n: f.localCheckpoint(eager=False) for n, f in step.next_state().items()}
             changes = step.state_changes()
-        held, entry, out = next_resident(
-            self.held, self.batch_id, attempt.tag, entry, state, changes
-        )
+        written, entry, out = next_resident(self.batch_id, attempt.tag, entry, state, changes)
         write_tables(self.store, self.store.attempt_path(self.batch_id, attempt), out)
-        return held, entry
+        return written, entry
+
+    # -- 5. publication --------------------------------------------------------------------
+    def publish(self, commit: Commit) -> None:
+        """Make what ``commit`` named visible in the sink (:func:`publish_outputs`)."""
+        publish_outputs(self.store, self.sink, commit)
 
 
 def sink_location(sink: BatchSink) -> dict[str, Any]:
@@ -318,13 +326,10 @@ def sink_location(sink: BatchSink) -> dict[str, Any]:
     return dict(locate()) if callable(locate) else {"name": getattr(sink, "name", "?")}
 
 
-def publish_outputs(
-    store: StateStore, sink: BatchSink, batch_id: int, meta: Mapping[str, Any] | None = None
-) -> bool:
-    """Publish committed batch ``batch_id`` in ``sink``: what its commit (``meta``,
-    read if not given) staged becomes visible, exactly once; then, if this job
-    still owns the checkpoint, the sink and the checkpoint drop what no commit
-    names. False when it was published already.
+def publish_outputs(store: StateStore, sink: BatchSink, commit: Commit) -> bool:
+    """Publish ``commit``'s batch in ``sink``: what it staged becomes visible, exactly
+    once; then, if this job still owns the checkpoint, the sink and the checkpoint
+    drop what no commit names. False when it was published already.
 
     Any process that holds the commit may publish it: the job that committed,
     or the next one rolling the batch forward when a crash came between the
@@ -332,18 +337,16 @@ def publish_outputs(
     committed). Both publish the same files, so either may win. O(the batch's
     files) calls.
     """
-    if meta is None:
-        meta = store.meta(batch_id)
-    staged = (meta.get("sink") or {}).get("staged")
+    batch_id = commit.batch_id
     published = False
     if not sink.is_committed(batch_id):
-        published = sink.commit(batch_id, staged)
+        published = sink.commit(batch_id, commit.staged)
     fault("after_sink_commit", batch_id)
     if store.owns():  # only the owner cleans
         clean = getattr(sink, "clean", None)
         if callable(clean):
             clean(batch_id)
-        store.prune(batch_id, meta)
+        store.prune(commit)
     return published
 
 
@@ -379,15 +382,8 @@ def abnormal_batch_warnings(
         pace = 0 if previous_span_ms is None else 3 * previous_span_ms
         if jump > longest_timeout_ms and jump > pace:
             warnings.append(
-                f"the watermark moved {_duration_text(jump)} past the previous batch's largest "
+                f"the watermark moved {format_duration(jump)} past the previous batch's largest "
                 f"event time, more than the longest rule timeout "
-                f"({_duration_text(longest_timeout_ms)}): every operation pending then expired"
+                f"({format_duration(longest_timeout_ms)}): every operation pending then expired"
             )
     return warnings
-
-
-def _duration_text(ms: int) -> str:
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms >= size:
-            return f"{ms / size:,.1f}{unit}"
-    return f"{ms}ms"

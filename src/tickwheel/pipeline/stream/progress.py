@@ -46,7 +46,7 @@ What a job killed without a clean stop leaves (SIGKILL: no listener fires):
   Python process, whose death ends the JVM and both queries; under Spark
   Connect it is the ``foreachBatch`` worker beside the server, which the
   server ends when the user's query terminates, however it ends. The grace
-  leaves the clean stop (:func:`~.job._drain_and_stop`, which reads what is
+  leaves the clean stop (:func:`drain_and_stop`, which reads what is
   left and stops the companion) to the client when there is one. Not
   covered: a user query that ended before its first micro-batch made the
   spool leaves no owner to watch.
@@ -83,6 +83,8 @@ __all__ = [
     "ProgressSource",
     "ProgressSpool",
     "SpoolOwnerGone",
+    "drain_and_stop",
+    "new_spool",
     "remove_stale_spools",
     "start_progress_query",
 ]
@@ -352,3 +354,18 @@ def start_progress_query(
     writer = figures.observe(OBSERVATION, *report).writeStream.format("noop")
     writer = writer.queryName(f"{COMPANION_PREFIX}{query_id}")
     return writer.trigger(processingTime=TRIGGER_INTERVAL).start()
+
+
+def new_spool() -> ProgressSpool:
+    """A new spool for one query's figures, under a token of its own. O(1)."""
+    import uuid
+
+    return ProgressSpool(uuid.uuid4().hex)
+
+
+def drain_and_stop(companion: StreamingQuery) -> None:
+    """Let ``companion`` read what its spool holds, then stop it. Bounded by its own
+    micro-batches: a failed companion raises at once."""
+    with contextlib.suppress(Exception):  # a failed companion is stopped all the same
+        companion.processAllAvailable()
+    companion.stop()

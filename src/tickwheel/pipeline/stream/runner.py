@@ -1,14 +1,11 @@
-"""What the stream's two drivers share around their query: the ``foreachBatch`` runner
-and the steps before the first micro-batch.
+"""``foreachBatch``'s function: each micro-batch of a query once, in order, with the state
+held between them (its part of ``docs/pipeline-design.md``, "One micro-batch").
 
-* :class:`BatchRunner`: ``foreachBatch``'s function, each micro-batch once, in
-  order, with its progress line;
-* :func:`parse_trigger` and the query's trigger; the checkpoint opened and
-  taken (:func:`_checkpoint_root`); the checks before the first micro-batch
-  (:func:`_before_first_batch`: workers, state format, rules change).
-
-:func:`~.start.start_stream` and :class:`~.file_job.StreamJob` both build their
-query from these.
+* :class:`MicroBatches` runs one micro-batch (:class:`~.micro_batch.MicroBatch`)
+  from what the query hands over, and holds the state between them;
+* :class:`BatchRunner` skips a batch committed already (publishing it if a
+  crash left it unpublished), reports each batch, and frees the driver's
+  cyclic garbage now and then.
 """
 
 from __future__ import annotations
@@ -21,59 +18,76 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..rules import Rules
-from ..spark.workers import check_workers
-from ..storage import StorageError, absolute, join, storage_for
-from .checkpoint import (
-    CheckpointOwner,
-    StateStore,
-    StreamError,
-    fault,
-)
-from .evolution import StateAdjustment, check_rules_change
-from .micro_batch import GAUGES, publish_outputs
+from ..spark.step import StepOptions
+from .checkpoint import StateStore, StreamError, fault
+from .evolution import StateAdjustment
+from .micro_batch import GAUGES, MicroBatch, MicroBatchInput, publish_outputs
+from .resident import HeldState
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming.readwriter import DataStreamWriter
+    from pyspark.sql import DataFrame
 
     from ..sinks import BatchSink
 
 __all__ = [
     "FULL_COLLECTION_EVERY_S",
     "BatchRunner",
-    "parse_trigger",
+    "MicroBatches",
+    "StreamStep",
 ]
 
-Say = Callable[[str], None]
-
-
-def parse_trigger(text: str) -> tuple[str, int | None]:
-    """Parse ``once``, ``available-now`` or ``interval=30s`` into (kind, interval ms). O(1)."""
-    from ..rules import parse_duration
-
-    if text in ("once", "available-now"):
-        return text, None
-    if text.startswith("interval="):
-        ms = parse_duration(text[len("interval=") :], "--trigger interval")
-        if ms <= 0:
-            raise StreamError("--trigger interval must be positive")
-        return "interval", ms
-    raise StreamError(f"--trigger: expected once, available-now or interval=30s, got {text!r}")
-
-
-def _with_trigger(writer: DataStreamWriter, trigger: str | None) -> DataStreamWriter:
-    """``writer`` with ``trigger`` (:func:`parse_trigger`'s text; None: Spark's default)."""
-    if trigger is None:
-        return writer
-    kind, interval_ms = parse_trigger(trigger)
-    if kind == "once":
-        return writer.trigger(once=True)
-    if kind == "available-now":
-        return writer.trigger(availableNow=True)
-    return writer.trigger(processingTime=f"{interval_ms} milliseconds")
-
-
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamStep:
+    """What every micro-batch of a query runs: the rules, the step's options, and what
+    the checks before the first batch found (:func:`~.query.before_first_batch`).
+
+    ``input_format`` is the records' form, recorded in each plan and commit and
+    compared with the checkpoint's; ``adjustment`` what the first batch drops
+    from the state; ``outcome_counts`` adds the operations by outcome to each
+    batch's counts (one more Spark job: the progress metrics).
+    """
+
+    rules: Rules
+    options: StepOptions
+    input_format: str
+    adjustment: StateAdjustment | None = None
+    outcome_counts: bool = False
+
+
+#: What a driver makes of the frame Spark hands over for a batch id: the micro-batch's
+#: records and its write-ahead plan (:meth:`~.checkpoint.StateStore.plan`).
+BatchInputs = Callable[["DataFrame", int], MicroBatchInput]
+
+
+@dataclass
+class MicroBatches:
+    """Runs each micro-batch of one query, and holds the state it leaves for the next.
+
+    Called as ``process(frame, batch_id)`` by :class:`BatchRunner`: it makes
+    the batch's input (``inputs``, the driver's), runs and commits it
+    (:class:`~.micro_batch.MicroBatch`), and returns its plan and counts.
+    ``held`` is the state between micro-batches (:mod:`.resident`): it belongs
+    here, in the process that runs them, not to the checkpoint.
+    """
+
+    store: StateStore
+    sink: BatchSink
+    step: StreamStep
+    inputs: BatchInputs
+    held: HeldState = field(default_factory=HeldState)
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> tuple[Mapping[str, Any], dict[str, Any]]:
+        """Run and commit micro-batch ``batch_id`` of ``frame``: its plan and counts."""
+        batch = self.inputs(frame, batch_id)
+        step = self.step
+        counts = MicroBatch(
+            step.rules, self.store, self.held, self.sink, step.options, batch, step.adjustment,
+            outcome_counts=step.outcome_counts,
+        ).run()  # fmt: skip
+        return batch.plan, counts
 
 
 #: At most how often (seconds) a micro-batch ends with a full collection of the
@@ -83,10 +97,9 @@ logger = logging.getLogger(__name__)
 #: keeps its ``JavaMember`` objects, and they point back at it), so Python frees
 #: it only in a full collection, and until then the JVM keeps what it names: the
 #: micro-batch's Datasets, with their plans and query executions. A driver that
-#: allocates little runs a full collection seldom, so its JVM heap rose with the
-#: micro-batches run (after a full GC of the JVM, 100 → 146 MiB over 300 of them
-#: in ``benchmarks/bench_pipeline_soak.py``). A full collection takes about 30 ms
-#: here: every 10 s, at most 0.3 % of the driver's time.
+#: allocates little runs a full collection seldom, so its JVM heap would grow with
+#: the micro-batches run (``docs/benchmarks.md``, "A long stream"); a collection
+#: this seldom costs a small fraction of the driver's time.
 FULL_COLLECTION_EVERY_S = 10.0
 
 
@@ -101,14 +114,12 @@ class BatchRunner:
     Python's garbage when the last one is :data:`FULL_COLLECTION_EVERY_S` old.
 
     The progress lines go to this module's logger at INFO, a micro-batch's
-    warnings at WARNING; ``quiet`` is kept for compatibility and changes
-    nothing (the logging configuration decides what is shown).
+    warnings at WARNING (the logging configuration decides what is shown).
     """
 
     store: StateStore
     sink: BatchSink
     process: Callable[[DataFrame, int], tuple[Mapping[str, Any], dict[str, Any]]]
-    quiet: bool = False
     publish: Callable[[int, Mapping[str, Any]], None] | None = None
     batches_run: int = 0
     totals: dict[str, int] = field(default_factory=dict)
@@ -121,7 +132,7 @@ class BatchRunner:
         if self.store.is_committed(batch_id):
             # Committed before a crash that came before Spark's own commit log: its
             # outputs may still wait for their publication, which this rolls forward.
-            rolled = publish_outputs(self.store, self.sink, batch_id)
+            rolled = publish_outputs(self.store, self.sink, self.store.read_commit(batch_id))
             done = "its outputs published now" if rolled else "skipped"
             logger.info("batch %d: already committed; %s (replay)", batch_id, done)
             return
@@ -190,63 +201,5 @@ class BatchRunner:
             "warnings": self.warnings,
         }
         if last:
-            summary["watermark"] = self.store.meta(last[-1])["watermark"]
+            summary["watermark"] = self.store.read_commit(last[-1]).watermark
         return summary
-
-
-def _new_plan(batch_id: int, **more: Any) -> dict[str, Any]:
-    """A new write-ahead plan: the batch id, ``more``, and the processing time now."""
-    return {"batch_id": batch_id, **more, "now_ms": int(time.time() * 1000)}
-
-
-def _spark_checkpoint(checkpoint: str) -> str:
-    """Where Spark keeps its own checkpoint (offsets, commits) under ``checkpoint``."""
-    return join(checkpoint, "spark")
-
-
-def _checkpoint_root(
-    checkpoint: str, spark: SparkSession | None = None
-) -> tuple[str, StateStore, CheckpointOwner]:
-    """The checkpoint's tickwheel directory, its state store and its owner (taken).
-
-    A URI checkpoint goes through ``spark``'s Hadoop file systems.
-    """
-    root = join(absolute(checkpoint), "tickwheel")
-    try:
-        storage = storage_for(root, spark)
-    except StorageError as exc:
-        raise StreamError(f"--checkpoint {exc}") from None
-    owner = CheckpointOwner(root, storage)
-    owner.acquire()
-    store = StateStore(root, storage, owner)
-    try:
-        store.check_format()
-    except BaseException:
-        owner.release()
-        raise
-    return root, store, owner
-
-
-def _before_first_batch(
-    spark: SparkSession,
-    store: StateStore,
-    rules: Rules,
-    *,
-    input_format: str | None,
-    drop_incompatible_state: bool,
-) -> StateAdjustment | None:
-    """What both drivers check before their query starts (a failure inside a micro-batch
-    is a long trace): the workers run this tickwheel, the state's format is one this
-    release reads, and the rules' changes apply (:mod:`.evolution`). Returns what the
-    first batch drops from the state. Then, once nothing refused the run, a job that
-    took the checkpoint over from a predecessor fences it
-    (:meth:`~.checkpoint.StateStore.fence`): a predecessor that froze may still run."""
-    check_workers(spark)
-    store.check_format()
-    adjustment = check_rules_change(
-        store, rules, spark, input_format=input_format,
-        drop_incompatible_state=drop_incompatible_state,
-    )  # fmt: skip
-    if store.token is not None and store.token > 1:  # a predecessor held it before
-        store.fence()
-    return adjustment

@@ -37,13 +37,13 @@ from ..storage import (
     read_json,
     storage_for,
 )
-from .checkpoint import StateStore, StreamError, owner_holding
-from .resident import committed_frames, committed_tables
+from .changelog import committed_frames, committed_tables
+from .checkpoint import StateStore, StreamError, owner_holding, tickwheel_root
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["checkpoint_status"]
+__all__ = ["checkpoint_status", "listable", "rule_names"]
 
 
 def checkpoint_status(
@@ -95,7 +95,7 @@ def _roots(checkpoint: str) -> tuple[str, str]:
     layout = ("commits", "owners", "state")
     if named_root and any(os.path.isdir(os.path.join(top, d)) for d in layout):
         return top.rsplit("/", 1)[0] or "/", top
-    return top, join(top, "tickwheel")
+    return top, tickwheel_root(top)
 
 
 def _classic(spark: SparkSession | None, where: str) -> SparkSession:
@@ -127,11 +127,11 @@ def _status(
     try:
         committed = store.committed()
         last = committed[-1] if committed else None
-        meta: dict[str, Any] = store.meta(last) if last is not None else {}
+        commit = store.read_commit(last) if last is not None else None
     except ValueError as exc:  # names the batch whose commit it is
         raise StreamError(f"checkpoint {top}: {exc}") from None
-    committed_at = _int_or_none(meta.get("committed_at_ms"))
-    watermark = _int_or_none(meta.get("watermark"))
+    committed_at = _int_or_none(commit.committed_at_ms if commit else None)
+    watermark = _int_or_none(commit.watermark if commit else None)
     status: dict[str, Any] = {
         "checkpoint": top,
         "now_ms": now,
@@ -142,24 +142,24 @@ def _status(
         "running_batch": _running_batch(storage, top, last),
         "watermark": watermark,
         "watermark_lag_ms": None if watermark is None else now - watermark,
-        "max_time": _int_or_none(meta.get("max_time")),
-        "rules": meta.get("rules"),
-        "format": meta.get("format"),
-        "tickwheel": meta.get("tickwheel"),
-        "last_batch_counts": meta.get("counts"),
-        "warnings": meta.get("warnings") or [],
+        "max_time": _int_or_none(commit.max_time if commit else None),
+        "rules": commit.rules if commit else None,
+        "format": commit.stamp.format if commit else None,
+        "tickwheel": commit.stamp.tickwheel if commit else None,
+        "last_batch_counts": dict(commit.counts) if commit else None,
+        "warnings": list(commit.warnings) if commit else [],
     }
-    if last is None:
+    if last is None or commit is None:
         status.update(pending=None, markers=None, events=None, state=None)
     else:
-        state = store.state_path(last, meta)
+        state = store.state_path(commit)
         figures = (
-            _spark_state(committed_frames(store, spark, last, meta), watermark)
+            _spark_state(committed_frames(store, spark, last, commit), watermark)
             if is_uri(root) and spark is not None
-            else _local_state(committed_tables(store, last, meta), watermark)
+            else _local_state(committed_tables(store, last, commit), watermark)
         )
         pending, markers, events, buffered = figures
-        for name in _rule_names(meta.get("rules")):
+        for name in rule_names(commit.rules):
             pending.setdefault(name, {"count": 0, "oldest_deadline": None})
         listed = list(storage.list_files(state)) if storage.exists(state) else []
         status.update(
@@ -171,13 +171,13 @@ def _status(
             events={"rows": events, "buffered": buffered},
             state={
                 "path": state,
-                "rows": _int_or_none(meta.get("state_rows")),
+                "rows": _int_or_none(commit.state_rows),
                 "bytes": sum(size for _path, size, _mtime in listed),
                 "files": len(listed),
             },
         )
     given = None if input is None else absolute(input)
-    status["files"] = _files(storage, spark, top, root, given or meta.get("input"))
+    status["files"] = _files(storage, spark, top, root, given or (commit.input if commit else None))
     status["owner"] = _owner(storage, root, now)
     return status
 
@@ -186,7 +186,7 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _rule_names(rules: Any) -> list[str]:
+def rule_names(rules: Any) -> list[str]:
     """The rule names in the recorded rules, when their shape says them."""
     if not isinstance(rules, Mapping):
         return []
@@ -297,7 +297,7 @@ def _files(
         "waiting_bytes": None,
         "next_waiting": [],
     }
-    if takes is None or not isinstance(input, str) or not _listable(input):
+    if takes is None or not isinstance(input, str) or not listable(input):
         return figures
     try:
         listed = _input_files(input, spark)
@@ -342,7 +342,7 @@ def _taken_files(
     return "spark", len(paths), takes_unseen
 
 
-def _listable(input: str) -> bool:
+def listable(input: str) -> bool:
     """A URI, or an absolute path: a relative one (as a job may record it) names a
     directory relative to where that job ran, which is not known here."""
     return is_uri(input) or os.path.isabs(input)

@@ -11,8 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..rules import format_duration as _duration
-from .status import _listable, _rule_names
+from ..rules import format_duration
+from .status import listable, rule_names
 
 __all__ = ["render_status"]
 
@@ -46,7 +46,7 @@ def render_status(status: Mapping[str, Any]) -> str:
         when = (
             "commit time not recorded"
             if at is None
-            else f"committed {_when(at)} ({_duration(status['commit_age_ms'])} ago)"
+            else f"committed {_when(at)} ({format_duration(status['commit_age_ms'])} ago)"
         )
         line("last batch", f"{last}, {when}")
     if status.get("running_batch") is not None:
@@ -55,7 +55,7 @@ def render_status(status: Mapping[str, Any]) -> str:
     if wm is None:
         line("watermark", "none yet")
     else:
-        line("watermark", f"{_when(wm)} ({_duration(status['watermark_lag_ms'])} behind now)")
+        line("watermark", f"{_when(wm)} ({format_duration(status['watermark_lag_ms'])} behind now)")
     if status.get("last_batch") is not None:  # a commit records them
         line("rules", _rules_text(status.get("rules")))
     if status.get("format") is not None or status.get("tickwheel") is not None:
@@ -70,7 +70,7 @@ def render_status(status: Mapping[str, Any]) -> str:
             oldest = figures["oldest_deadline"]
             first = "" if oldest is None else f", oldest deadline {_when(oldest)}"
             if oldest is not None and wm is not None:
-                first += f" ({_duration(oldest - wm)} after the watermark)"
+                first += f" ({format_duration(oldest - wm)} after the watermark)"
             line(f"  {rule}", f"{figures['count']:,}{first}")
         line("expiry markers", f"{status['markers']:,}")
         events = status["events"]
@@ -92,7 +92,7 @@ def render_status(status: Mapping[str, Any]) -> str:
         waiting = f"{files['waiting']:,} file(s) ({size}) in {files['input']}"
     elif files["input"] is None:
         waiting = "unknown (no input recorded: give --input)"
-    elif not _listable(files["input"]):
+    elif not listable(files["input"]):
         waiting = f"unknown (the input recorded, {files['input']}, is relative: give --input)"
     else:
         waiting = f"unknown ({files['input']} not listed)"
@@ -122,9 +122,9 @@ def _rules_text(rules: Any) -> str:
         text = "; ".join(_rule_text(r) for r in inner)
         lateness = rules.get("input", {}).get("allowed_lateness_ms")
         if isinstance(lateness, int):
-            text += f"; allowed lateness {_duration(lateness)}"
+            text += f"; allowed lateness {format_duration(lateness)}"
         return text
-    names = _rule_names(rules)
+    names = rule_names(rules)
     return ", ".join(names) if names else json.dumps(rules, sort_keys=True)
 
 
@@ -136,7 +136,7 @@ def _rule_text(rule: Mapping[str, Any]) -> str:
     ]
     timeout = rule.get("timeout_ms")
     if isinstance(timeout, int):
-        parts.append(f"timeout {_duration(timeout)}")
+        parts.append(f"timeout {format_duration(timeout)}")
     if rule.get("key"):
         parts.append(f"key {rule['key']}")
     return f"{rule.get('name')} ({', '.join(parts)})"

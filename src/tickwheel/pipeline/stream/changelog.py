@@ -1,0 +1,303 @@
+"""The state's versions in the checkpoint: each commit's changelog or snapshot written, and
+a state rebuilt from the last snapshot and the changelogs after it
+(``docs/pipeline-design.md``, "Versions of the state")."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..storage import create_json, join
+from .checkpoint import Commit, StateStore, fault
+from .resident import HeldState, ResidentState
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "SNAPSHOT_MARKER",
+    "STATE_TABLES",
+    "apply_table_changes",
+    "committed_frames",
+    "committed_tables",
+    "end_held_state",
+    "rebuild",
+    "write_shutdown_snapshot",
+    "write_tables",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The state's tables, in the order they are written.
+STATE_TABLES = ("events", "ops")
+#: The marker of a snapshot written after its batch's commit (at shutdown).
+SNAPSHOT_MARKER = "_snapshot.json"
+
+
+# -- changes -----------------------------------------------------------------------
+
+
+def _rows(table: pa.Table) -> Iterable[tuple[Any, ...]]:
+    return zip(*(column.to_pylist() for column in table.columns), strict=True)
+
+
+def _table(pa: Any, schema: pa.Schema, rows: Iterable[tuple[Any, ...]]) -> pa.Table:
+    columns = list(zip(*rows, strict=True)) or [() for _ in schema.names]
+    arrays = [
+        pa.array(list(values), type=field.type)
+        for values, field in zip(columns, schema, strict=True)
+    ]
+    return pa.table(arrays, schema=schema)
+
+
+def apply_table_changes(
+    before: pa.Table, added: pa.Table | None, removed: pa.Table | None
+) -> pa.Table:
+    """``before`` without the rows of ``removed`` (each once per copy) and with those of
+    ``added`` (None: no rows): how a rebuild replays a changelog. O(rows)."""
+    import pyarrow as pa
+
+    if removed is None or not removed.num_rows:
+        return before if added is None else pa.concat_tables([before, added.cast(before.schema)])
+    drop = Counter(_rows(removed))
+    kept = []
+    for row in _rows(before):
+        if drop[row]:
+            drop[row] -= 1
+        else:
+            kept.append(row)
+    missing = +drop
+    if missing:
+        raise ValueError(f"a changelog removes {sum(missing.values())} row(s) its state lacks")
+    remaining = _table(pa, before.schema, kept)
+    return remaining if added is None else pa.concat_tables([remaining, added.cast(before.schema)])
+
+
+# -- rebuilding from storage -------------------------------------------------------
+
+
+def _chain(store: StateStore, commit: Commit) -> list[Commit]:
+    """The commits from the last snapshot to ``commit``, oldest first: a commit holding
+    a whole state, or one whose attempt wrote a shutdown snapshot, then the
+    changelogs after it. O(changelogs) reads."""
+    chain = [commit]
+    while True:
+        current = chain[-1]
+        state = current.state
+        if state is None or not state.is_changelog or has_shutdown_snapshot(store, current):
+            break
+        assert state.after is not None
+        chain.append(store.read_commit(state.after))
+    chain.reverse()
+    return chain
+
+
+def has_shutdown_snapshot(store: StateStore, commit: Commit) -> bool:
+    """Whether the attempt ``commit`` names has a whole state beside its changelog,
+    written at a job's end. One look."""
+    return store.storage.exists(join(store.state_path(commit), SNAPSHOT_MARKER))
+
+
+def _replay(
+    store: StateStore,
+    chain: list[Commit],
+    read: Callable[[str, str], Any],
+    apply: Callable[[Any, Any, Any], Any],
+) -> dict[str, Any]:
+    """The state at the end of ``chain`` (:func:`_chain`): its snapshot's tables, then
+    each changelog in order, a table it holds whole taken as it is, another's rows
+    removed and added (``apply(before, added, removed)``, None for no rows).
+    ``read(path, table)`` gives a directory's rows, None when it was not written.
+    A table missing from an older format's state is left out."""
+    base = store.state_path(chain[0])
+    state = {
+        name: rows for name in STATE_TABLES if (rows := read(join(base, name), name)) is not None
+    }
+    for changed in chain[1:]:
+        directory = store.state_path(changed)
+        whole = changed.state.whole if changed.state is not None else ()
+        for name in STATE_TABLES:
+            if name in whole:
+                rows = read(join(directory, name), name)
+                if rows is not None:
+                    state[name] = rows
+                continue
+            added = read(join(directory, f"{name}.added"), name)
+            removed = read(join(directory, f"{name}.removed"), name)
+            if name not in state:
+                if added is not None:
+                    state[name] = added
+            elif added is not None or removed is not None:
+                state[name] = apply(state[name], added, removed)
+    return state
+
+
+def committed_tables(
+    store: StateStore, batch_id: int, commit: Commit | None = None
+) -> dict[str, pa.Table]:
+    """The state committed batch ``batch_id`` left (its ``commit``, read if not given),
+    as Arrow tables read through the
+    checkpoint's storage (no Spark): its last snapshot, then each changelog after
+    it applied in order (:func:`apply_table_changes`). A table missing from an
+    older format's state is left out. O(rows of the snapshot and of at most K - 1
+    changelogs)."""
+    return _tables(store, _chain(store, commit or store.read_commit(batch_id)))
+
+
+def _tables(store: StateStore, chain: list[Commit]) -> dict[str, pa.Table]:
+    return _replay(store, chain, lambda path, _name: _read_table(store, path), apply_table_changes)
+
+
+def _read_table(store: StateStore, directory: str) -> pa.Table | None:
+    """The Parquet files of ``directory`` as one Arrow table (None: no directory)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    from ..storage import is_data_file
+
+    if not store.storage.exists(directory):
+        return None
+    parts = [
+        pq.read_table(pa.BufferReader(store.storage.read_bytes(join(directory, name))))
+        for name in sorted(store.storage.list_names(directory))
+        if is_data_file(name)
+    ]
+    if not parts:
+        return None
+    return pa.concat_tables([p.replace_schema_metadata(None) for p in parts])
+
+
+def committed_frames(
+    store: StateStore,
+    spark: SparkSession,
+    batch_id: int,
+    commit: Commit | None = None,
+    schemas: Mapping[str, str] | None = None,
+) -> dict[str, DataFrame]:
+    """The state committed batch ``batch_id`` left (its ``commit``, read if not given),
+    as DataFrames read by Spark: the
+    last snapshot with each changelog after it applied (``exceptAll``, then a union).
+    ``schemas`` (each table's DDL) spares Spark reading the files' footers. A
+    table missing from an older format's state is left out. Lazy: O(K) reads."""
+    chain = _chain(store, commit or store.read_commit(batch_id))
+    return _frames(store, spark, chain, schemas)
+
+
+def _frames(
+    store: StateStore,
+    spark: SparkSession,
+    chain: list[Commit],
+    schemas: Mapping[str, str] | None,
+) -> dict[str, DataFrame]:
+    def read(path: str, name: str) -> DataFrame | None:
+        if not store.storage.exists(path):
+            return None
+        reader = spark.read if schemas is None else spark.read.schema(schemas[name])
+        return reader.parquet(path)
+
+    def apply(before: DataFrame, added: DataFrame | None, removed: DataFrame | None) -> DataFrame:
+        after = before if removed is None else before.exceptAll(removed)
+        return after if added is None else after.unionByName(added)
+
+    return _replay(store, chain, read, apply)
+
+
+def rebuild(
+    store: StateStore,
+    spark: SparkSession,
+    commit: Commit,
+    schemas: Mapping[str, str],
+    as_arrow: bool,
+) -> ResidentState:
+    """The state ``commit`` left, rebuilt from storage to be held: as Arrow in the
+    driver when ``as_arrow`` (as :func:`committed_tables`, no Spark job), else
+    locally checkpointed by Spark (as :func:`committed_frames`)."""
+    chain = _chain(store, commit)
+    base, changelogs = chain[0].batch_id, len(chain) - 1
+    state = ResidentState(commit.batch_id, commit.attempt, 0, base, changelogs)
+    if as_arrow:
+        state.tables = _tables(store, chain)
+        state.rows = sum(t.num_rows for t in state.tables.values())
+    else:
+        frames = _frames(store, spark, chain, schemas)
+        state.frames = {name: frame.localCheckpoint(eager=True) for name, frame in frames.items()}
+        state.rows = sum(frame.count() for frame in state.frames.values())
+    logger.info(
+        "batch %d: its state rebuilt from the snapshot of batch %d and %d changelog(s)",
+        commit.batch_id, base, changelogs,
+    )  # fmt: skip
+    return state
+
+
+# -- writing ---------------------------------------------------------------------
+
+
+def write_tables(store: StateStore, directory: str, tables: Mapping[str, Any]) -> dict[str, int]:
+    """Each table of ``tables`` into ``directory/<name>``: Arrow ones from the driver
+    (:func:`~..spark.frames.write_arrow_parquet`; an empty change, ``<table>.added``
+    or ``.removed``, writes nothing), DataFrames by Spark's writer (a job each).
+    Returns the Arrow tables' rows. O(rows)."""
+    from ..spark.frames import write_arrow_parquet
+
+    rows: dict[str, int] = {}
+    for name, table in tables.items():
+        if not hasattr(table, "num_rows"):  # a DataFrame: counting it would be one more job
+            table.write.mode("error").parquet(join(directory, name))
+            continue
+        rows[name] = int(table.num_rows)
+        if table.num_rows or "." not in name:  # a whole table always: it has the schema
+            write_arrow_parquet(table, join(directory, name), store.storage)
+    return rows
+
+
+def write_shutdown_snapshot(store: StateStore, held: HeldState) -> bool:
+    """Write the state ``held`` as a snapshot of its batch, if the commit of that batch
+    holds only a changelog and this job still owns the checkpoint: the tables
+    beside the changelog in the committed attempt's directory, then the marker
+    (one new file) that makes :func:`rebuild` start there. True if written.
+
+    A job killed midway leaves tables without the marker, which nothing reads
+    and the owner's next prune deletes with the rest of the old attempt.
+    """
+    state = held.state
+    if state is None or state.changelogs == 0 or not store.owns():
+        return False
+    commit = store.read_commit(state.batch_id)
+    if not state.matches(commit) or has_shutdown_snapshot(store, commit):
+        return False
+    directory = store.state_path(commit)
+    # The tables the changelog holds whole already (events) are written once.
+    missing = {
+        n: t for n, t in state.held().items() if not store.storage.exists(join(directory, n))
+    }
+    rows = write_tables(store, directory, missing)
+    fault("mid_snapshot", state.batch_id)
+    create_json(
+        store.storage,
+        join(directory, SNAPSHOT_MARKER),
+        {"batch_id": state.batch_id, "attempt": state.attempt, "rows": rows,
+         "owner_token": store.token},
+    )  # fmt: skip
+    logger.info("batch %d: its state written whole at the job's end", state.batch_id)
+    state.base, state.changelogs = state.batch_id, 0
+    return True
+
+
+def end_held_state(store: StateStore, held: HeldState, driver_only: bool = False) -> None:
+    """At a job's end: write the state ``held`` as a snapshot
+    (:func:`write_shutdown_snapshot`), then let it go. A failure to write is
+    logged, not raised: the changelogs hold the state already. With
+    ``driver_only``, a state Spark holds is let go unwritten (from a thread that
+    must not run Spark jobs)."""
+    state = held.state
+    if state is None:
+        return
+    if state.tables is not None or not driver_only:
+        try:
+            write_shutdown_snapshot(store, held)
+        except Exception as exc:  # the job's outcome stands
+            logger.warning("the state of batch %d was not written whole: %s", state.batch_id, exc)
+    held.drop()
