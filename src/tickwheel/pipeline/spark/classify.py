@@ -14,11 +14,9 @@ order. The group's event id comes first: Spark's sort keeps an 8-byte prefix
 of its first key beside each row and compares whole rows only where the
 prefixes tie, so with the id first most comparisons end at the prefix, where
 a first key that is null for nearly every row (the reason) made each one
-compare the rows. At 1e6 orders that took the read-and-deduplicate phase from
-4.9--6.6 s to 4.8--5.6 s, in five rounds that alternated the two orders
-(``docs/benchmarks.md``). Sorting by a 64-bit hash of the group first measured
-no faster earlier. The content is compared column by column, nulls equal to
-nulls, as a struct's equality.
+compare the rows. Sorting by a 64-bit hash of the group first was no faster.
+The content is compared column by column, nulls equal to nulls, as a
+struct's equality.
 """
 
 from __future__ import annotations

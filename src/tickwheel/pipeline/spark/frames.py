@@ -109,7 +109,7 @@ def run_parameters(spark: SparkSession, **values: int | None) -> dict[str, Colum
     to a long: Spark runs such a subquery in the driver with no job, and
     hands its text to the generated code as an object, not as code. So the
     code stays the same from batch to batch, and Spark's and the JIT's caches
-    keep it (``docs/pipeline.md``, "Execution"). A value that is None gives
+    keep it (``docs/pipeline-design.md``, "Execution"). A value that is None gives
     code of its own, once. The cast costs each row a parse of a short text.
     """
     import pyarrow as pa

@@ -119,13 +119,10 @@ def quick_jit_for(master: str, input_bytes: int) -> bool:
 #:
 #: Spark compiles each query's generated code once and keeps the class in
 #: one cache of the JVM, 100 classes by default, least recently used out.
-#: The batch job needs 57 and the stream 39 more; with the DataFrame
-#: formulation and the floors of ``benchmarks/`` beside them, 146. Past 100,
-#: each job evicts the others' classes: each run of the batch job in that
-#: session compiled 45 or 46 of its classes again, and the JVM's JIT spent
-#: 4.7--5.2 s of CPU on the run, against 1.4--1.6 s for a run after one of its
-#: own (``docs/pipeline.md``). A class held 1.8 KB of bytecode on average
-#: there, so a thousand hold under 2 MB of it.
+#: The batch job and the stream together come close to that, so other queries
+#: in the same session evict their classes, and each run then compiles them
+#: again, as does the JVM's JIT (``docs/pipeline-design.md``, "Execution"). A
+#: thousand classes hold a few megabytes of bytecode.
 CODEGEN_CACHE_ENTRIES = 1000
 
 
@@ -417,18 +414,15 @@ def connect_session(url: str, app_name: str, settings: Mapping[str, str]) -> Spa
 #:   mostly unique strings (raw record text, ids, keys) for the few Spark jobs
 #:   of one run or micro-batch. Compressing a cache first hashes every string
 #:   value into a dictionary, 10,000 rows at a time, before it gives up on a
-#:   column of unique values (a large share of the JVM's profile samples in
-#:   the incremental benchmark, ``docs/benchmarks.md``). These caches are
-#:   short-lived, so their CPU matters more than their size.
+#:   column of unique values. These caches are short-lived, so their CPU
+#:   matters more than their size.
 #: * No adaptive query execution. The jobs have no joins and set their own
 #:   partition counts, so AQE has nothing to re-plan, but it still splits each
-#:   query into stages planned one after another, which costs a cold run about
-#:   a second (``docs/benchmarks.md``).
+#:   query into stages planned one after another, which a cold run pays for.
 #: * No byte limit on the Arrow batches sent to the purgatory's Python workers.
 #:   Below Spark's "unlimited" value (``Int.MaxValue`` bytes), Spark measures
 #:   the batch it is writing after every row, walking the Arrow vectors of the
-#:   row's struct; at 1e6 orders that took 0.3--0.6 s of the purgatory phase
-#:   (``docs/benchmarks.md``). A batch is still bounded by its rows
+#:   row's struct. A batch is still bounded by its rows
 #:   (``maxRecordsPerBatch``, 50,000: :func:`create_session`), and a purgatory
 #:   row holds a rule name, a key, an event id and a type, some megabytes per
 #:   batch unless keys are kilobytes long.
@@ -444,19 +438,18 @@ JOB_SQL_SETTINGS = {
 #: micro-batch) through its checkpoint file manager. The default one goes
 #: through Hadoop's ``FileContext``, whose local file system looks up a path's
 #: link status by running a ``readlink`` process (Hadoop has no native library
-#: here): about 18 processes per micro-batch, and 0.08 s of a micro-batch of
-#: 1,000 records went to those two logs. The manager on Hadoop's
-#: ``FileSystem`` API reads the same statuses in the JVM, and the logs took
-#: 0.025 s (``docs/benchmarks.md``). It renames with the file system's own
-#: rename, atomic on a local disk, which is where the command's checkpoint is.
-#: A SQL setting, read when a query starts; it names a Spark 4.3 class.
+#: here), several for every micro-batch. The manager on Hadoop's
+#: ``FileSystem`` API reads the same statuses in the JVM. It renames with the
+#: file system's own rename, atomic on a local disk, which is where the
+#: command's checkpoint is. A SQL setting, read when a query starts; it names
+#: a Spark 4.3 class.
 #:
 #: Each read of a path (a micro-batch's input file, its state) leaves that
 #: path's listing in Spark's file status cache, shared by the JVM, which keeps
 #: up to 250 MB of them by default, never read again: two ``java.net.URI``, two
 #: Hadoop ``Path`` and a ``LocatedFileStatus`` per file read, so a stream's heap
-#: grew by about six URIs a micro-batch. The cache's time-to-live (a static
-#: setting: it takes effect in a new JVM only) drops them after a minute.
+#: grew with every micro-batch. The cache's time-to-live (a static setting: it
+#: takes effect in a new JVM only) drops them after a minute.
 #:
 #: Spark's status store (what its UI and status API show; kept whether the UI
 #: runs or not, and it does not run here) holds the last 1,000 jobs, stages and

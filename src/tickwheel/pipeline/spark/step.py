@@ -80,9 +80,9 @@ __all__ = [
 
 #: The stream's purgatory takes one partition per this many rows (the new kept
 #: events and the carried state), up to ``partitions``. Each partition costs a
-#: task in the purgatory and in each of its writes, some 30-60 ms on a local
-#: master, while 50,000 rows take the purgatory about as long on one core: a
-#: micro-batch of 1,000 records gains nothing from a second partition.
+#: task in the purgatory and in each of its writes, about as much as the
+#: purgatory spends on this many rows on one core: a small micro-batch gains
+#: nothing from a second partition.
 MICRO_BATCH_ROWS_PER_PARTITION = 50_000
 
 #: A micro-batch of one partition with at most this many records and this many
@@ -472,9 +472,7 @@ def _persisted(frame: DataFrame) -> DataFrame:
 
     PySpark's ``MEMORY_AND_DISK`` is the serialized level (Python's own RDDs are
     pickled), under which Spark serializes each cached batch as it stores it
-    and deserializes it at each scan. At 1e6 orders the batch job took
-    8.29--8.79 s with the deserialized level against 8.98--9.97 s with that
-    one, in five alternating rounds (``docs/benchmarks.md``).
+    and deserializes it at each scan: work the deserialized level skips.
     """
     from pyspark import StorageLevel
 
