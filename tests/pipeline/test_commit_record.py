@@ -47,7 +47,7 @@ def test_every_formats_commits_load_as_typed_records(fixture: Path) -> None:
         assert commit.watermark == raw["watermark"] and commit.max_time == raw["max_time"]
         assert commit.state_rows == raw["state_rows"]
         assert dict(commit.counts) == raw["counts"]
-        assert commit.stamp.format == fmt
+        assert commit.stamp.version == fmt
         assert (commit.attempt is not None) == (fmt >= 3)  # a directory per attempt
         assert (commit.rules is not None) == (fmt >= 2)  # the rules recorded
         assert (commit.state is not None) == (fmt >= 4)  # changelogs

@@ -239,16 +239,23 @@ def test_batch_far_future_guard_can_be_turned_off(
 
 
 class _HookedJob(FileStreamJob):
-    """A stream job that runs a hook when a batch's plan names a given file."""
+    """A stream job that runs a hook when a batch's plan names a given file, before the
+    batch reads its files."""
 
     hooks: dict[str, Callable[[], None]]
 
-    def _run_batch(self, batch_id: int, plan: Any) -> dict[str, Any]:
-        for path in plan["files"]:
-            hook = self.hooks.pop(os.path.basename(path), None)
-            if hook is not None:
-                hook()
-        return super()._run_batch(batch_id, plan)
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        read = self.files._records
+
+        def records(plan: Any, spark: Any) -> Any:
+            for path in plan["files"]:
+                hook = self.hooks.pop(os.path.basename(path), None)
+                if hook is not None:
+                    hook()
+            return read(plan, spark)
+
+        self.files._records = records  # type: ignore[method-assign]
 
 
 @pytest.mark.slow

@@ -201,10 +201,16 @@ class _FilesCheckedJob(FileStreamJob):
 
     seen: list[tuple[list[str], list[str]]]
 
-    def _files(self, files_df: Any, batch_id: int) -> list[str]:
-        listed = super()._files(files_df, batch_id)
-        self.seen.append((listed, [r["path"] for r in files_df.collect()]))
-        return listed
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        listed_by_logs = self.files._files
+
+        def files(files_df: Any, batch_id: int) -> list[str]:
+            listed = listed_by_logs(files_df, batch_id)
+            self.seen.append((listed, [r["path"] for r in files_df.collect()]))
+            return listed
+
+        self.files._files = files  # type: ignore[method-assign]
 
 
 def test_each_batchs_files_come_from_the_logs_as_its_rows_give_them(

@@ -16,10 +16,10 @@ def record_ops_rows(job: Any, seen: list[tuple[int, int]]) -> None:
 
     commit = job.store.commit
 
-    def recording(batch_id: int, meta: dict[str, Any]) -> dict[str, Any]:
-        record: dict[str, Any] = commit(batch_id, meta)
-        ops = committed_tables(job.store, batch_id, record)["ops"]
-        seen.append((meta["watermark"], ops.num_rows))
+    def recording(made: Any) -> Any:
+        record = commit(made)
+        ops = committed_tables(job.store, record.batch_id, record)["ops"]
+        seen.append((record.watermark, ops.num_rows))
         return record
 
     job.store.commit = recording

@@ -243,9 +243,10 @@ class MicroBatch:
         from concurrent.futures import ThreadPoolExecutor
 
         attempt = Attempt.new(self.store.token)
+        tables = self._output_tables(step)  # the purgatory has run before the threads start
         with ThreadPoolExecutor(max_workers=2) as pool:
             state_write = pool.submit(self._write_state, step, attempt)
-            staged = self._stage_outputs(step, attempt)
+            staged = self._stage_outputs(step, attempt, tables)
             fault("after_outputs", self.batch_id)
             written, entry = state_write.result()
         fault("after_state", self.batch_id)
@@ -261,10 +262,21 @@ class MicroBatch:
         fault("after_commit", self.batch_id)
         return committed
 
-    def _stage_outputs(self, step: DelayedOperations, attempt: Attempt) -> Any:
-        """The sink's staging of the four tables (None when the sink shows the batch
-        already: an older release's sink committed before its checkpoint did). Tables
-        the counts show empty cost no Spark job."""
+    @staticmethod
+    def _output_tables(step: DelayedOperations) -> dict[str, DataFrame]:
+        """The four tables the sink stages (:data:`TABLES`). Lazy frames."""
+        return {
+            "outcomes": step.final_outcomes,
+            "unmatched": step.unmatched,
+            "rejected": step.rejected,
+            "late": step.late,
+        }
+
+    def _stage_outputs(
+        self, step: DelayedOperations, attempt: Attempt, tables: Mapping[str, DataFrame]
+    ) -> Any:
+        """The sink's staging of the four ``tables`` (None when the sink shows the batch
+        already: an older release's sink committed before its checkpoint did)."""
         if self.sink.is_committed(self.batch_id):
             return None
         counts = step.counts()
@@ -272,12 +284,6 @@ class MicroBatch:
         # unmatched rows are counted by the partitions, which run inside the writes:
         # collecting their counters first would be one more job.)
         rows = {"rejected": counts.rejected_total, "late": counts.late}
-        tables = {
-            "outcomes": step.final_outcomes,
-            "unmatched": step.unmatched,
-            "rejected": step.rejected,
-            "late": step.late,
-        }
         return self.sink.stage(
             self.batch_id,
             tables,

@@ -261,7 +261,7 @@ class StateStore:
                 continue
             raise StreamError(
                 f"checkpoint {checkpoint_of(self.root)}: its state is in format "
-                f"{stamp.format!r}, written by tickwheel {stamp.tickwheel or '?'}; tickwheel "
+                f"{stamp.version!r}, written by tickwheel {stamp.tickwheel or '?'}; tickwheel "
                 f"{__version__} reads formats 1 to {STATE_FORMAT}. Run a release that reads "
                 "it (the one that wrote it, or newer), or start a new checkpoint"
             )

@@ -37,7 +37,7 @@ class Stamp:
 
     owner_token: int | None = None
     host: str | None = None
-    format: object = 1  # as read: a record without one is of format 1
+    format: object = None  # as recorded: None before format 2 recorded it
     tickwheel: str | None = None
 
     @classmethod
@@ -54,14 +54,19 @@ class Stamp:
         return cls(
             owner_token=token if isinstance(token, int) else None,
             host=data.get("host"),
-            format=data.get("format", 1),
+            format=data.get("format"),
             tickwheel=data.get("tickwheel"),
         )
 
     @property
+    def version(self) -> object:
+        """The record's state format: as recorded, or 1 for a record without one. O(1)."""
+        return 1 if self.format is None else self.format
+
+    @property
     def readable(self) -> bool:
         """Whether this release reads the record's format (1 to :data:`STATE_FORMAT`). O(1)."""
-        return isinstance(self.format, int) and self.format <= STATE_FORMAT
+        return isinstance(self.version, int) and self.version <= STATE_FORMAT
 
     def to_json(self) -> dict[str, Any]:
         """The stamp's keys. O(1)."""
