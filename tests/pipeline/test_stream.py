@@ -179,14 +179,14 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
 
     def counted_driver_partition(*args: Any, **kw: Any) -> Any:
         runs.append("driver")
-        return partition.run_partition_in_driver(*args, **kw)
+        return partition.run_partition_on_arrow(*args, **kw)
 
     def counted_copy(frame: Any) -> Any:
         runs.append("copy")
         return frames.driver_copy(frame)
 
     monkeypatch.setattr(step, "run_partitions", counted_spark_partitions)
-    monkeypatch.setattr(step, "run_partition_in_driver", counted_driver_partition)
+    monkeypatch.setattr(step, "run_partition_on_arrow", counted_driver_partition)
     monkeypatch.setattr(step, "driver_copy", counted_copy)
     feed(orders["files"], tmp_path / "in", 5)
     summary = _run(spark, tmp_path, orders["rules"], partitions=2, max_files_per_trigger=1)
