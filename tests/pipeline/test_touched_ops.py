@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -286,3 +287,63 @@ def test_a_null_the_purgatory_needs_is_always_taken_in() -> None:
     )  # fmt: skip
     index = OpsIndex(["payment"], None, table)
     assert index.take_touched({}, 0).num_rows == 2
+
+
+@pytest.mark.spark
+def test_a_stream_gives_the_same_whether_its_operations_are_indexed_or_held_by_spark(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same files through the stream twice: its operations held in the driver and
+    indexed (the micro-batches take in what they touch), and held by Spark (they go
+    through the purgatory whole). Each committed state, and the outputs, are the
+    same, and the reference's."""
+    from stream_support import compare_with_reference, feed, write_rules
+
+    from support.reference import iter_input_lines, run_reference
+    from tickwheel.pipeline.generate import generate_orders
+    from tickwheel.pipeline.rules import load_rules
+    from tickwheel.pipeline.stream.changelog import committed_tables
+    from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
+    from tickwheel.pipeline.stream.resident import DRIVER_STATE_ROWS_ENV
+    from tickwheel.pipeline.stream.start import read_stream_outputs
+
+    gen = tmp_path / "gen"
+    generate_orders(300, gen, seed=5, files=6)
+    files = sorted(gen.glob("part-*.jsonl"))
+    rules = write_rules(tmp_path / "rules.toml")
+    reference = run_reference(iter_input_lines(gen), load_rules(rules))
+
+    def run(name: str) -> tuple[list[Counter[tuple[Any, ...]]], set[str]]:
+        work = tmp_path / name
+        feed(files, work / "in", len(files))
+        config = StreamConfig(
+            rules_path=str(rules), input=str(work / "in"), output=str(work / "out"),
+            checkpoint=str(work / "ck"), max_files_per_trigger=1, partitions=2,
+        )  # fmt: skip
+        states: list[Counter[tuple[Any, ...]]] = []
+        held: set[str] = set()
+        with FileStreamJob(config, spark=spark) as job:
+            commit = job.store.commit
+
+            def recording(made: Any) -> Any:
+                record = commit(made)
+                state = job.held.state  # the state carried in (none before the first)
+                if state is not None:
+                    held.add("indexed" if state.ops is not None else "spark")
+                ops = committed_tables(job.store, record.batch_id, record)["ops"]
+                states.append(_multiset(ops.select(list(OPS))))
+                return record
+
+            job.store.commit = recording  # type: ignore[method-assign]
+            assert job.run()["batches_run"] == len(files)
+            assert job.sink is not None
+            compare_with_reference(
+                read_stream_outputs(spark, job.sink, str(work / "ck")), reference
+            )
+        return states, held
+
+    indexed, held_indexed = run("indexed")
+    monkeypatch.setenv(DRIVER_STATE_ROWS_ENV, "1")
+    by_spark, held_by_spark = run("spark")
+    assert indexed == by_spark
+    assert held_indexed == {"indexed"} and held_by_spark == {"spark"}
