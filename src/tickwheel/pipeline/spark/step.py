@@ -428,7 +428,9 @@ class DelayedOperations:
             ops = to_arrow(self.state.ops.selectExpr(*_STATE_INPUTS))
         else:
             return events
-        return pa.concat_tables([events, ops.cast(events.schema)])
+        # Spark says which columns the events never leave null; the operations leave seq null.
+        schema = pa.schema([field.with_nullable(True) for field in events.schema])
+        return pa.concat_tables([events.cast(schema), ops.cast(schema)])
 
     def stats(self) -> PartitionStats:
         """The partitions' counters, merged: the action that runs the purgatory. Cached."""
