@@ -192,6 +192,7 @@ class BatchRunner:
     def summary(self, seconds: float) -> dict[str, Any]:
         """The run's summary: batches, the counts' totals (of the gauges, the last
         micro-batch's), warnings and the last watermark. O(batches)."""
+        self.store.refresh()  # under Spark Connect, another process committed them
         last = self.store.committed()
         summary: dict[str, Any] = {
             "batches_run": self.batches_run,
