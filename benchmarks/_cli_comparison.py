@@ -134,7 +134,8 @@ def _cli_commands(
 
 @dataclass
 class _Run:
-    """A program's exit (None: stopped at the timeout), seconds, and what it printed."""
+    """A program's exit (None: stopped at the timeout), seconds, and what it printed
+    (until it was stopped)."""
 
     code: int | None
     seconds: float
@@ -153,8 +154,8 @@ def _run_timed(command: list[str], timeout_s: float) -> _Run:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return _Run(None, time.perf_counter() - started)
+        stdout, stderr = proc.communicate()  # what it printed before it was stopped
+        return _Run(None, time.perf_counter() - started, stdout, stderr)
     return _Run(proc.returncode, time.perf_counter() - started, stdout, stderr)
 
 

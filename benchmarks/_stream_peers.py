@@ -35,6 +35,7 @@ with its deadline below the final watermark), no unmatched or buffered event.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import sys
@@ -343,9 +344,16 @@ def floor_query(spark: Any, inp: Path, out: Path, checkpoint: Path, per_trigger:
 
 
 class ProgressLog:
-    """Every micro-batch's progress of the queries of one session, from its listener bus."""
+    """Every micro-batch's progress of the queries of one session, from its listener bus.
 
-    def __init__(self, spark: Any) -> None:
+    Each micro-batch is a dict: ``batch`` (its id), ``data`` (whether it read
+    input), ``ms`` (Spark's ``triggerExecution``) and ``state_rows`` (each
+    stateful operator's ``numRowsTotal``, by operator name). With ``path``,
+    each is also appended to that file as a JSON line as soon as Spark reports
+    it, so a run stopped midway leaves the micro-batches it finished.
+    """
+
+    def __init__(self, spark: Any, path: Path | None = None) -> None:
         """Listen to ``spark``'s streaming queries (a py4j callback per event). O(1)."""
         from pyspark.sql.streaming import StreamingQueryListener
 
@@ -363,7 +371,12 @@ class ProgressLog:
                 # A batch with input moved a source's offset. (tickwheel's file
                 # source reports no input rows: its driver reads the logs.)
                 moved = any(s.startOffset != s.endOffset for s in progress.sources)
-                log.batches.append({"batch": progress.batchId, "data": moved, "ms": ms})
+                rows = {op.operatorName: op.numRowsTotal for op in progress.stateOperators}
+                batch = {"batch": progress.batchId, "data": moved, "ms": ms, "state_rows": rows}
+                log.batches.append(batch)
+                if path is not None:
+                    with path.open("a", encoding="utf-8") as out:
+                        out.write(json.dumps(batch) + "\n")
 
             def onQueryIdle(self, event: Any) -> None:
                 pass

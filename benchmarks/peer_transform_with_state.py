@@ -21,6 +21,12 @@ into a ``foreachBatch`` that writes each micro-batch as one Parquet file
 watermark's delay: with ``examples/orders.toml``'s ``0``, Spark drops every event
 that arrives after a later-stamped one, so give it the lateness the data needs
 (``bench_pipeline_incremental.py --cli`` passes 3 minutes).
+
+``--progress FILE`` appends each micro-batch's progress to FILE as a JSON line
+as Spark reports it (``_stream_peers.ProgressLog``: its id, whether it read
+input, Spark's ``triggerExecution`` in ms, each stateful operator's rows), so a
+run stopped at a timeout leaves those it finished (``bench_stream_steady.py``
+reads them).
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--partitions", type=int, default=2, help="shuffle partitions (cores)")
+    parser.add_argument("--progress", type=Path, help="each micro-batch's progress: JSON lines")
     args = parser.parse_args(argv)
     if args.triggers < 1 or args.partitions < 1:
         parser.error("--triggers and --partitions must be >= 1")
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = _session(args.master, args.partitions)
     peers.ship_to_workers()
     per_trigger = peers.files_per_trigger(args.input, args.triggers)
-    log = peers.ProgressLog(spark)
+    log = peers.ProgressLog(spark, args.progress)
     if args.api == "floor":
         secs = peers.floor_query(spark, args.input, args.output, args.checkpoint, per_trigger)
         outcomes = ""  # the floor writes its input's rows, not outcomes

@@ -168,3 +168,7 @@ def test_stream_peer_scripts_name_bad_arguments(tmp_path: Path) -> None:
     err = _refused("peer_transform_with_state.py", "--input", str(tmp_path), "--output", "o",
                    "--checkpoint", "c", "--triggers", "0")  # fmt: skip
     assert "--triggers and --partitions must be >= 1" in err
+    err = _refused("bench_stream_steady.py", "--batches", "1")
+    assert "--batches must be >= 2 (micro-batch 1 and a steady one), got 1" in err
+    err = _refused("bench_stream_steady.py", "--pending", "100", "1e5")
+    assert "--pending must be >= 875 (the load orders the steady files pay)" in err

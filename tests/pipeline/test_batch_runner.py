@@ -41,7 +41,9 @@ def no_automatic_collection() -> Iterator[None]:
 
 
 def _runner() -> BatchRunner:
-    store = SimpleNamespace(is_committed=lambda _b: False, committed=lambda: [], root="ck")
+    store = SimpleNamespace(
+        is_committed=lambda _b: False, committed=lambda: [], refresh=lambda: None, root="ck"
+    )
 
     def process(_frame: Any, _batch_id: int) -> tuple[dict[str, Any], dict[str, Any]]:
         return {}, {"events": 1, "warnings": []}

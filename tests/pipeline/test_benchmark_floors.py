@@ -4,7 +4,8 @@ A floor is the least a job of some shape costs; the benchmarks compare
 tickwheel's job with it. These tests check what the floors run, never how
 fast: the batch floor of the semantics writes one outcome row per open event,
 in tickwheel's outcome columns, and the command-line floor of the stream
-reads every file, one micro-batch per trigger, and writes each micro-batch.
+reads every file, one micro-batch per trigger, writes each micro-batch, and
+reports each one's progress (``--progress``, which ``bench_stream_steady.py`` reads).
 """
 
 from __future__ import annotations
@@ -78,12 +79,18 @@ def test_the_command_line_floor_reads_every_file_and_writes_each_micro_batch(
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "peer_transform_with_state.py"), "--api", "floor",
          "--input", str(inp), "--output", str(out), "--checkpoint", str(tmp_path / "ck"),
-         "--triggers", "3"],
+         "--triggers", "3", "--progress", str(tmp_path / "progress.jsonl")],
         capture_output=True, text=True, timeout=180, check=False,
         env=subprocess_env(),  # loopback, and C1 only: a short-lived JVM, as the stream's
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "floor: 3 micro-batches in " in done.stdout
+    # Each micro-batch's progress, one JSON line as Spark reported it (the floor keeps no state).
+    progress = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [(p["batch"], p["data"], p["state_rows"]) for p in progress] == [
+        (0, True, {}), (1, True, {}), (2, True, {}),
+    ]  # fmt: skip
+    assert all(p["ms"] > 0 for p in progress)
     pq = pytest.importorskip("pyarrow.parquet")
     written = sorted(path.name for path in out.iterdir())
     assert written == ["batch-0", "batch-1", "batch-2"]

@@ -151,6 +151,9 @@ def test_the_runner_publishes_what_a_micro_batch_counted(tmp_path: Path) -> None
     class Store:
         root = str(tmp_path)
 
+        def refresh(self) -> None:
+            pass
+
         def __init__(self) -> None:
             self.done: list[int] = []
 
@@ -197,6 +200,9 @@ def test_a_spool_that_cannot_be_written_does_not_stop_the_stream(
 
     class Store:
         root = str(tmp_path)
+
+        def refresh(self) -> None:
+            pass
 
         def is_committed(self, batch_id: int) -> bool:
             return False

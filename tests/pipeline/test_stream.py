@@ -114,25 +114,20 @@ def _parquet_rows(directory: Path) -> int:
 
 
 @pytest.mark.parametrize(
-    ("rows_per_partition", "expected"),
-    [(None, 1), (50, 3)],
-    ids=["default-size", "50-rows-per-partition"],
+    "rows_per_partition", [None, 50], ids=["default-size", "50-rows-per-partition"]
 )
 def test_a_micro_batch_sizes_its_purgatory_by_its_rows(
-    spark: Any,
-    tmp_path: Path,
-    orders: dict[str, Any],
-    rows_per_partition: int | None,
-    expected: int,
+    spark: Any, tmp_path: Path, orders: dict[str, Any], rows_per_partition: int | None
 ) -> None:
     """Up to ``partitions``, one purgatory partition per ``rows_per_partition`` rows.
 
     A micro-batch of about 40 records with 3 partitions takes one under the
     default size; with 50 rows per partition, it takes ceil(rows / 50), rows
-    being its kept events plus the previous batch's ``state_rows`` (counted from
-    the state's Parquet footers). A micro-batch that fits one partition has
-    its tables written by the driver, a larger one by Spark. The outputs stay
-    the reference's.
+    being what its purgatory takes in: its kept events, and the carried
+    operations they touch, which its changelog removes (``ops.removed``,
+    counted from the Parquet footers). A micro-batch that fits one partition
+    has its tables written by the driver, a larger one by Spark. The outputs
+    stay the reference's.
     """
     feed(orders["files"][:6], tmp_path / "in", 3)
     size = {} if rows_per_partition is None else {"rows_per_partition": rows_per_partition}
@@ -144,12 +139,15 @@ def test_a_micro_batch_sizes_its_purgatory_by_its_rows(
     assert last["state_rows"] == _parquet_rows(state / "events") + _parquet_rows(state / "ops")
     assert before["state_rows"] > 0
     if rows_per_partition is None:
-        assert {m["purgatory_partitions"] for m in metas} == {expected}
+        assert {m["purgatory_partitions"] for m in metas} == {1}
         assert {m["written_by"] for m in metas} == {"driver"}  # each fits one partition
     else:  # every generated event is of a type the rules use: kept == events
-        rows_ceiling = before["state_rows"] + last["counts"]["events"]
-        assert last["purgatory_partitions"] == min(3, -(-rows_ceiling // rows_per_partition))
-        assert last["purgatory_partitions"] == expected
+        assert last["state"]["kind"] == "changelog"
+        removed = state / "ops.removed"
+        taken_in = _parquet_rows(removed) if removed.exists() else 0
+        rows = last["counts"]["events"] + taken_in
+        assert taken_in < before["state_rows"]  # not the whole state
+        assert last["purgatory_partitions"] == min(3, -(-rows // rows_per_partition)) > 1
         assert last["written_by"] == "spark"  # its rows exceed one partition's 50
 
 
@@ -179,14 +177,14 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
 
     def counted_driver_partition(*args: Any, **kw: Any) -> Any:
         runs.append("driver")
-        return partition.run_partition_in_driver(*args, **kw)
+        return partition.run_partition_on_arrow(*args, **kw)
 
     def counted_copy(frame: Any) -> Any:
         runs.append("copy")
         return frames.driver_copy(frame)
 
     monkeypatch.setattr(step, "run_partitions", counted_spark_partitions)
-    monkeypatch.setattr(step, "run_partition_in_driver", counted_driver_partition)
+    monkeypatch.setattr(step, "run_partition_on_arrow", counted_driver_partition)
     monkeypatch.setattr(step, "driver_copy", counted_copy)
     feed(orders["files"], tmp_path / "in", 5)
     summary = _run(spark, tmp_path, orders["rules"], partitions=2, max_files_per_trigger=1)

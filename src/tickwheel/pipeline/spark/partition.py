@@ -48,7 +48,7 @@ from ..rules import Rules
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "IN_COLUMNS",
@@ -56,8 +56,9 @@ __all__ = [
     "OUT_COLUMNS",
     "OUT_DDL",
     "partition_function",
-    "run_partition_in_driver",
+    "run_partition_on_arrow",
     "run_partitions",
+    "state_inputs",
 ]
 
 #: A partition's input: (name, Spark type). Events have a null ``state_kind``;
@@ -126,8 +127,9 @@ def run_partitions(
     )
 
 
-def run_partition_in_driver(
-    inputs: DataFrame,
+def run_partition_on_arrow(
+    spark: SparkSession,
+    inputs: pa.Table,
     rules: Rules,
     start_ms: int | None,
     watermark_ms: int,
@@ -135,25 +137,44 @@ def run_partition_in_driver(
     markers: bool = True,
     changes: bool = False,
 ) -> DataFrame:
-    """``inputs`` as one partition through :func:`partition_function`, in this process.
+    """``inputs`` (:data:`IN_COLUMNS`, as Arrow in the driver) as one partition through
+    :func:`partition_function`, in this process.
 
     What :func:`run_partitions` does with one partition, without its shuffle
-    and its Python worker: ``inputs`` are collected as Arrow (one job), and the
-    rows come back as a local relation (as :func:`.frames.driver_copy` gives).
-    For a partition of a few thousand rows. O(rows) in the driver's memory. As in a
-    worker, the cyclic collector is paused while the partition runs (some
-    milliseconds here). The pause is process-wide: it only delays the
-    collection of the other driver threads' cyclic garbage.
+    and its Python worker: the rows come back as a local relation (as
+    :func:`.frames.driver_copy` gives). For a partition of a few thousand rows.
+    O(rows) in the driver's memory. As in a worker, the cyclic collector is
+    paused while the partition runs: the pause is process-wide, and only
+    delays the collection of the other driver threads' cyclic garbage.
     """
     import pyarrow as pa
 
-    from .frames import empty_frame, to_arrow
+    from .frames import empty_frame
 
     run = partition_function(rules, start_ms, watermark_ms, markers=markers, changes=changes)
-    batches = list(run(iter(to_arrow(inputs).to_batches())))
+    batches = list(run(iter(inputs.to_batches())))
     if not batches:
-        return empty_frame(inputs.sparkSession, OUT_DDL)
-    return inputs.sparkSession.createDataFrame(pa.Table.from_batches(batches))
+        return empty_frame(spark, OUT_DDL)
+    return spark.createDataFrame(pa.Table.from_batches(batches))
+
+
+def state_inputs(ops: pa.Table) -> pa.Table:
+    """Carried operations (:data:`.outputs.OPS_COLUMNS`) as a partition's input rows
+    (:data:`IN_COLUMNS`: ``state_kind`` set, no sequence or event type). O(1) copies."""
+    import pyarrow as pa
+
+    n = ops.num_rows
+    columns = {
+        "state_kind": ops["kind"],
+        "rule": ops["rule"],
+        "key": ops["key"],
+        "time": ops["time"],
+        "seq": pa.nulls(n, pa.int64()),
+        "event_id": ops["event_id"],
+        "event_type": pa.nulls(n, pa.string()),
+        "deadline": ops["deadline"],
+    }
+    return pa.table([columns[name] for name, _kind in IN_COLUMNS], names=[n for n, _ in IN_COLUMNS])
 
 
 def partition_function(

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..rules import Rules, load_rules
 from .classify import C_EVENT, classify
@@ -35,12 +35,15 @@ from .fanout import rule_events
 from .frames import (
     driver_copy,
     empty_frame,
+    from_arrow,
     parameter_name,
     run_parameters,
     sql_name,
+    to_arrow,
     with_parameters,
 )
 from .outputs import (
+    OPS_COLUMNS,
     PartitionStats,
     buffered_table,
     late_table,
@@ -52,7 +55,13 @@ from .outputs import (
     rejected_table,
     unmatched_table,
 )
-from .partition import IN_COLUMNS, OUT_DDL, run_partition_in_driver, run_partitions
+from .partition import (
+    IN_COLUMNS,
+    OUT_DDL,
+    run_partition_on_arrow,
+    run_partitions,
+    state_inputs,
+)
 from .records import (
     DEFAULT_MAX_FUTURE_MS,
     input_form,
@@ -67,11 +76,13 @@ from .session import default_parallelism
 from .watermark import RecordCounts, advance_watermark
 
 if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import DataFrame
 
 __all__ = [
     "DRIVER_ROWS",
     "MICRO_BATCH_ROWS_PER_PARTITION",
+    "CarriedOps",
     "CarriedState",
     "DelayedOperations",
     "Placement",
@@ -93,6 +104,16 @@ MICRO_BATCH_ROWS_PER_PARTITION = 50_000
 DRIVER_ROWS = 10_000
 
 
+class CarriedOps(Protocol):
+    """Carried operations held where a micro-batch takes in only those it can change
+    (the stream's :class:`~tickwheel.pipeline.stream.ops_index.OpsIndex`)."""
+
+    def take_touched(self, keys: Mapping[str, pa.Array], watermark: int) -> pa.Table:
+        """Take out, and return, the operations (:data:`.outputs.OPS_COLUMNS`) that a
+        micro-batch whose events have ``keys`` (by rule name) can change at
+        ``watermark``: those the partitions would not pass through unchanged."""
+
+
 @dataclass(frozen=True)
 class CarriedState:
     """What a stream carries from one micro-batch to the next.
@@ -100,7 +121,11 @@ class CarriedState:
     ``events`` has the columns of :func:`.outputs.next_events`, ``ops`` those
     of :data:`.outputs.OPS_COLUMNS`; either may be None (nothing carried).
     ``rows`` is their number of rows together, when known (it sizes the
-    purgatory: :attr:`StepOptions.rows_per_partition`).
+    purgatory: :attr:`StepOptions.rows_per_partition`). ``held_ops``, instead
+    of ``ops``: the operations held by the stream, of which the purgatory
+    takes in only those the micro-batch can change (:meth:`DelayedOperations.touched_ops`);
+    the others stay where they are, and the step's next state and changes are
+    then those of the operations taken in.
     """
 
     watermark: int | None
@@ -108,6 +133,7 @@ class CarriedState:
     events: DataFrame | None = None
     ops: DataFrame | None = None
     rows: int | None = None
+    held_ops: CarriedOps | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +163,7 @@ class Placement:
     :data:`DRIVER_ROWS` records and purgatory rows, so
     it is held in the driver whole: its classified records as a local
     relation (:func:`.frames.driver_copy`), its one partition run there
-    (:func:`.partition.run_partition_in_driver`: no shuffle, no Python
+    (:func:`.partition.run_partition_on_arrow`: no shuffle, no Python
     worker), its tables and next state read from those rows with no shuffle
     and no scan of a cache.
     """
@@ -214,6 +240,8 @@ class DelayedOperations:
             keep_raw=opts.carry,
         )
         self._classified: DataFrame | None = None
+        self._records_in_driver = False  # the classified records held in the driver
+        self._touched: pa.Table | None = None  # the held operations taken in
         self._counts: RecordCounts | None = None
         self._rows: DataFrame | None = None
         self._stats: PartitionStats | None = None
@@ -262,11 +290,24 @@ class DelayedOperations:
         """The records' counts: the first action, which classifies them. Cached."""
         if self._counts is None:
             self._counts = RecordCounts.collect(self.classified())
-            if self.placement.runs_in_driver:  # known from the counts
+            if self._records_placement().runs_in_driver:  # known from the counts
                 cached = self.classified()
                 self._classified = driver_copy(cached)
+                self._records_in_driver = True
                 cached.unpersist()
         return self._counts
+
+    def _records_placement(self) -> Placement:
+        """Where the records go, from the counts: held in the driver when the run, the
+        carried operations it takes in aside (held ones are known only from the
+        records' keys: :meth:`touched_ops`), fits :attr:`Placement.runs_in_driver`."""
+        state, counts = self.state, self.counts()
+        if state.held_ops is not None:
+            rows: int | None = counts.kept
+        else:
+            unknown = state.rows is None and (state.events is not None or state.ops is not None)
+            rows = None if unknown else counts.kept + (state.rows or 0)
+        return Placement.of(self.partitions, self.options.rows_per_partition, counts.records, rows)
 
     @property
     def watermark(self) -> int | None:
@@ -287,7 +328,7 @@ class DelayedOperations:
         """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use.
 
         A micro-batch small enough (:attr:`Placement.runs_in_driver`) has its one
-        partition run in the driver (:func:`.partition.run_partition_in_driver`),
+        partition run in the driver (:func:`.partition.run_partition_on_arrow`),
         with no shuffle and no Python worker; its rows are then held there.
         """
         if self._rows is None:
@@ -295,8 +336,9 @@ class DelayedOperations:
             if watermark is None:  # no event, nothing carried: no partition has rows
                 self._rows = empty_frame(self.spark, OUT_DDL)
             elif self.placement.runs_in_driver:
-                self._rows = run_partition_in_driver(
-                    self._partition_inputs(),
+                self._rows = run_partition_on_arrow(
+                    self.spark,
+                    self._partition_input_table(),
                     self.rules,
                     self.state.watermark,
                     watermark,
@@ -319,35 +361,76 @@ class DelayedOperations:
 
     @property
     def placement(self) -> Placement:
-        """Where and how wide the purgatory runs (:class:`Placement`). O(1) once counted."""
-        state, counts = self.state, self.counts()
-        unknown = state.rows is None and (state.events is not None or state.ops is not None)
-        rows = None if unknown else counts.kept + (state.rows or 0)
+        """Where and how wide the purgatory runs (:class:`Placement`): from the records
+        and the rows it takes in, the kept events and the carried operations (of held
+        ones, those it touches: :meth:`touched_ops`). O(1) once counted and taken."""
+        if self.state.held_ops is None:
+            return self._records_placement()
+        counts = self.counts()
+        rows = counts.kept + self.touched_ops().num_rows
         return Placement.of(self.partitions, self.options.rows_per_partition, counts.records, rows)
 
-    def _partition_inputs(self) -> DataFrame:
-        """The kept events not applied yet, one row per rule, and the carried operations."""
+    def touched_ops(self) -> pa.Table:
+        """The held operations this micro-batch can change, taken out of
+        :attr:`CarriedState.held_ops` once (:data:`.outputs.OPS_COLUMNS`): those of the
+        keys of its events, and those due by its watermark. The keys are read in the
+        driver: from the records held there without a job, else one job."""
+        held = self.state.held_ops
+        assert held is not None, "touched_ops needs operations held by the stream"
+        if self._touched is None:
+            watermark = self.watermark
+            if watermark is None:  # no event, nothing carried
+                import pyarrow as pa
+
+                self._touched = pa.table({name: [] for name in OPS_COLUMNS})
+                return self._touched
+            import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+            keys = to_arrow(self._event_inputs().select("rule", "key"))
+            by_rule = {
+                rule.name: keys.filter(pc.equal(keys["rule"], rule.name))["key"]
+                for rule in self.rules.rules
+            }
+            self._touched = held.take_touched(by_rule, watermark)
+        return self._touched
+
+    def _event_inputs(self) -> DataFrame:
+        """The kept events not applied yet, one row per rule, in :data:`.partition.IN_COLUMNS`."""
         kept = self.classified().where(f"c = {C_EVENT} AND NOT applied")
         given = ("rule", "key", "time", "seq", "event_id", "event_type")
-        events = rule_events(kept, self.rules).selectExpr(
+        return rule_events(kept, self.rules).selectExpr(
             *[sql_name(name) if name in given else f"CAST(NULL AS {ddl}) AS {name}"
               for name, ddl in IN_COLUMNS]
         )  # fmt: skip
-        ops = self.state.ops
+
+    def _carried_ops(self) -> DataFrame | None:
+        """The carried operations the purgatory takes in (of held ones, those touched)."""
+        if self.state.held_ops is not None:
+            return from_arrow(self.spark, self.touched_ops())
+        return self.state.ops
+
+    def _partition_inputs(self) -> DataFrame:
+        """The kept events not applied yet, one row per rule, and the carried operations."""
+        events, ops = self._event_inputs(), self._carried_ops()
         if ops is None:
             return events
-        return events.unionByName(
-            ops.selectExpr(
-                "kind AS state_kind",
-                "rule",
-                "key",
-                "`time`",
-                "CAST(NULL AS BIGINT) AS seq",
-                "event_id",
-                "CAST(NULL AS STRING) AS event_type",
-                "deadline",
-            )
-        )
+        return events.unionByName(ops.selectExpr(*_STATE_INPUTS))
+
+    def _partition_input_table(self) -> pa.Table:
+        """:meth:`_partition_inputs` as Arrow in the driver: the events collected (without a
+        job when the records are held there), the carried operations as they are held."""
+        import pyarrow as pa
+
+        events = to_arrow(self._event_inputs())
+        if self.state.held_ops is not None:
+            ops = state_inputs(self.touched_ops())
+        elif self.state.ops is not None:
+            ops = to_arrow(self.state.ops.selectExpr(*_STATE_INPUTS))
+        else:
+            return events
+        # Spark says which columns the events never leave null; the operations leave seq null.
+        schema = pa.schema([field.with_nullable(True) for field in events.schema])
+        return pa.concat_tables([events.cast(schema), ops.cast(schema)])
 
     def stats(self) -> PartitionStats:
         """The partitions' counters, merged: the action that runs the purgatory. Cached."""
@@ -401,7 +484,7 @@ class DelayedOperations:
         watermark, events = self.watermark, self.classified()
         if watermark is None:
             bound = None
-        elif self.placement.runs_in_driver:
+        elif self._records_in_driver:
             bound = str(watermark)
         else:
             events = with_parameters(events, run_parameters(self.spark, w_new=watermark))
@@ -464,6 +547,20 @@ class DelayedOperations:
 
     def __exit__(self, *exc: object) -> None:
         self.unpersist()
+
+
+#: The carried operations (:data:`.outputs.OPS_COLUMNS`) as a partition's input rows
+#: (:data:`.partition.IN_COLUMNS`), in SQL (:func:`.partition.state_inputs` in Arrow).
+_STATE_INPUTS = (
+    "kind AS state_kind",
+    "rule",
+    "key",
+    "`time`",
+    "CAST(NULL AS BIGINT) AS seq",
+    "event_id",
+    "CAST(NULL AS STRING) AS event_type",
+    "deadline",
+)
 
 
 def _persisted(frame: DataFrame) -> DataFrame:

@@ -274,7 +274,7 @@ class FileStreamJob:
         if not is_classic(spark):
             # foreachBatch ran in a process beside the Connect server, which printed
             # each micro-batch's counts; its batch ids are consecutive.
-            last = self.store.committed()
+            last = self.store.committed()  # listed anew by the runner's summary
             summary["batches_run"] = (last[-1] if last else -1) - (before[-1] if before else -1)
         logger.info("done: %s", json.dumps(summary, sort_keys=True))
         return summary

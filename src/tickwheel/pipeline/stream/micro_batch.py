@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any
 from ..attempt import Attempt
 from ..rules import Rules, format_duration
 from ..spark.classify import EVENT_STATE_COLUMNS
-from ..spark.frames import sql_name, to_arrow
+from ..spark.frames import from_arrow, sql_name, to_arrow
 from ..spark.outputs import OPS_COLUMNS, split_ops
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from ..spark.watermark import RecordCounts
 from .changelog import rebuild, write_tables
 from .checkpoint import Commit, StateEntry, StateStore, fault
 from .evolution import StateAdjustment, rules_record
-from .resident import HeldState, ResidentState, next_entry, next_resident
+from .ops_index import OpsIndex
+from .resident import HeldState, ResidentState, driver_state_rows, next_entry, next_resident
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -102,13 +103,19 @@ class MicroBatch:
     # -- 1. the step -------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Compute the batch, check it, commit it and publish it; its counts and warnings."""
-        with DelayedOperations(
-            self.batch.records, self.rules, self._step_options(), self.carried_state()
-        ) as step:
-            counts = step.counts()
-            commit = self.build_commit(step, counts, self.check(step, counts))
-            committed = self.commit(step, commit)
-            more = self._outcome_counts(step, counts) if self.outcome_counts else {}
+        try:
+            with DelayedOperations(
+                self.batch.records, self.rules, self._step_options(), self.carried_state()
+            ) as step:
+                counts = step.counts()
+                commit = self.build_commit(step, counts, self.check(step, counts))
+                committed = self.commit(step, commit)
+                more = self._outcome_counts(step, counts) if self.outcome_counts else {}
+        except BaseException:
+            # The held operations the step took in are out of their index: a retry of
+            # this batch rebuilds the state from the checkpoint.
+            self.held.drop()
+            raise
         self.publish(committed)
         far_future = commit.counts["far_future"]
         if far_future:
@@ -142,26 +149,35 @@ class MicroBatch:
         if previous is None or (adjustment is not None and adjustment.everything):
             return CarriedState(None, None)  # as a new checkpoint would start
         held = self._carried(previous)
+        dropped = sorted(adjustment.rules) if adjustment is not None else []
+        if held.ops is not None:  # indexed in the driver: the step takes in what it touches
+            events = held.tables.get("events") if held.tables is not None else None
+            frame = None if events is None else from_arrow(self.spark, events)
+            ops = held.ops if not dropped else held.ops.without_rules(dropped)
+            held.ops = ops
+            return CarriedState(previous.watermark, previous.max_time, frame, held_ops=ops)
         frames = held.as_frames(self.spark)
         rows: int | None = held.rows
-        ops = frames.get("ops")
-        if adjustment is not None and adjustment.rules and ops is not None:
+        carried_ops = frames.get("ops")
+        if dropped and carried_ops is not None:
             from pyspark.sql import functions as F
 
-            ops, rows = ops.where(~F.col("rule").isin(sorted(adjustment.rules))), None
-        return CarriedState(previous.watermark, previous.max_time, frames.get("events"), ops, rows)
+            carried_ops, rows = carried_ops.where(~F.col("rule").isin(dropped)), None
+        return CarriedState(
+            previous.watermark, previous.max_time, frames.get("events"), carried_ops, rows
+        )
 
     def _carried(self, previous: Commit) -> ResidentState:
         """The state ``previous`` left: the one held when it is that commit's, never
         another (a takeover, a fenced attempt, a replay), else rebuilt and held from
-        now on (as Arrow when it fits a driver-written batch)."""
+        now on: in the driver, its operations indexed, up to
+        :func:`~.resident.driver_state_rows` rows; else by Spark."""
         state = self.held.take_for(previous, self.batch_id)
         if state is None:
-            per = self.options.rows_per_partition
             rows = previous.state_rows
-            as_arrow = rows is not None and per is not None and rows <= per
-            state = rebuild(self.store, self.spark, previous, self._schemas(), as_arrow)
-            self.held.hold(state)
+            in_driver = rows is not None and rows <= driver_state_rows()
+            state = rebuild(self.store, self.spark, previous, self._schemas(), in_driver)
+            self.held.hold(state.indexed(self.rules.names, self.rules.input.retention_ms))
         self.carried = state
         return state
 
@@ -301,21 +317,38 @@ class MicroBatch:
         always after a rules change dropped state, which the changes do not show).
         Returns it, to hold once committed, and the commit's state entry.
 
-        A driver-written batch (:attr:`~..spark.step.Placement.driver_writes`)
-        collects the tables as Arrow (no job for those the driver holds already:
-        :func:`~..spark.frames.to_arrow`) and writes them there; else Spark keeps
-        them, locally checkpointed, and its writer writes them.
+        Unless the state carried in is held by Spark, the driver holds the next
+        one: the events and the operations' changes collected as Arrow (no job for
+        what the driver holds already: :func:`~..spark.frames.to_arrow`), the
+        operations the step made added to the index of those it did not take in
+        (:mod:`.ops_index`). Else Spark keeps it, locally checkpointed, and its
+        writer writes it.
         """
         full = self.adjustment is not None
         entry = next_entry(self.carried, self.held.snapshot_every, full=full)
-        if step.placement.driver_writes:  # two collections: the events, the ops and changes
-            ops = split_ops(to_arrow(step.ops_rows()))
-            state = {"events": to_arrow(step.next_state()["events"]), "ops": ops.pop("ops")}
-            changes: dict[str, Any] = ops
-        else:
+        carried = self.carried
+        if carried is not None:
+            by_spark = carried.frames is not None
+        else:  # the first state: the driver holds it unless its events say it is too big
+            by_spark = step.counts().kept > driver_state_rows()
+        if by_spark:
             state = {n: f.localCheckpoint(eager=False) for n, f in step.next_state().items()}
-            changes = step.state_changes()
-        written, entry, out = next_resident(self.batch_id, attempt.tag, entry, state, changes)
+            written, entry, out = next_resident(
+                self.batch_id, attempt.tag, entry, state, step.state_changes()
+            )
+        else:  # two collections: the events, the operations taken in and their changes
+            changes = split_ops(to_arrow(step.ops_rows()))
+            made = changes.pop("ops")
+            events = {"events": to_arrow(step.next_state()["events"])}
+            ops = carried.ops if carried is not None and carried.ops is not None else None
+            if ops is None:  # nothing indexed before: what the step carries on, all of it
+                ops = OpsIndex(self.rules.names, self.rules.input.retention_ms)
+                ops.add(made)
+            else:
+                ops.add(changes["ops.added"])
+            written, entry, out = next_resident(
+                self.batch_id, attempt.tag, entry, events, changes, ops=ops
+            )
         write_tables(self.store, self.store.attempt_path(self.batch_id, attempt), out)
         return written, entry
 

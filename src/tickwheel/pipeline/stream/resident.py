@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +23,16 @@ if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import DataFrame, SparkSession
 
+    from .ops_index import OpsIndex
+
 __all__ = [
+    "DRIVER_STATE_ROWS",
+    "DRIVER_STATE_ROWS_ENV",
     "SNAPSHOT_EVERY",
     "SNAPSHOT_EVERY_ENV",
     "HeldState",
     "ResidentState",
+    "driver_state_rows",
     "next_entry",
     "next_resident",
     "snapshot_every",
@@ -41,18 +46,35 @@ SNAPSHOT_EVERY = 10
 SNAPSHOT_EVERY_ENV = "TICKWHEEL_SNAPSHOT_EVERY"
 
 
+#: The most rows of state the driver holds, its operations indexed by key and due time
+#: (:mod:`.ops_index`); a larger state stays where Spark keeps it.
+DRIVER_STATE_ROWS = 20_000_000
+#: Environment variable that sets it for a job.
+DRIVER_STATE_ROWS_ENV = "TICKWHEEL_DRIVER_STATE_ROWS"
+
+
 def snapshot_every() -> int:
     """K: ``TICKWHEEL_SNAPSHOT_EVERY`` if set (an int >= 1), else :data:`SNAPSHOT_EVERY`. O(1)."""
-    text = os.environ.get(SNAPSHOT_EVERY_ENV)
+    return _positive_int(SNAPSHOT_EVERY_ENV, SNAPSHOT_EVERY)
+
+
+def driver_state_rows() -> int:
+    """``TICKWHEEL_DRIVER_STATE_ROWS`` if set (an int >= 1), else :data:`DRIVER_STATE_ROWS`.
+    O(1)."""
+    return _positive_int(DRIVER_STATE_ROWS_ENV, DRIVER_STATE_ROWS)
+
+
+def _positive_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
     if not text:
-        return SNAPSHOT_EVERY
+        return default
     try:
-        k = int(text)
+        value = int(text)
     except ValueError:
-        k = 0
-    if k < 1:
-        raise ValueError(f"{SNAPSHOT_EVERY_ENV} must be an int >= 1, got {text!r}")
-    return k
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {text!r}")
+    return value
 
 
 @dataclass
@@ -60,9 +82,11 @@ class ResidentState:
     """The state a committed batch left, held in this process.
 
     Exactly one of ``tables`` (Arrow, in the driver) and ``frames`` (Spark
-    DataFrames, locally checkpointed) is set. ``attempt`` is the tag of the
-    attempt whose commit made it; ``base`` the batch of the snapshot its
-    chain of changelogs starts from, ``changelogs`` their number.
+    DataFrames, locally checkpointed) is set. Held in the driver, the
+    operations are ``ops``, indexed by key and due time (:mod:`.ops_index`),
+    and ``tables`` holds the events. ``attempt`` is the tag of the attempt
+    whose commit made it; ``base`` the batch of the snapshot its chain of
+    changelogs starts from, ``changelogs`` their number.
     """
 
     batch_id: int
@@ -72,6 +96,7 @@ class ResidentState:
     changelogs: int
     tables: dict[str, pa.Table] | None = None
     frames: dict[str, DataFrame] | None = None
+    ops: OpsIndex | None = None
 
     def matches(self, commit: Commit) -> bool:
         """Whether this is the state that ``commit`` names: its batch and attempt. O(1)."""
@@ -81,21 +106,35 @@ class ResidentState:
         """The tables as DataFrames: held ones as local relations (no job). O(1) calls."""
         if self.frames is not None:
             return self.frames
-        assert self.tables is not None
         from ..spark.frames import from_arrow
 
-        return {name: from_arrow(spark, table) for name, table in self.tables.items()}
+        return {name: from_arrow(spark, table) for name, table in self.as_tables().items()}
 
     def as_tables(self) -> dict[str, pa.Table]:
         """The tables as Arrow: held ones as they are, Spark's collected (a job each)."""
         if self.tables is not None:
-            return self.tables
+            if self.ops is None:
+                return self.tables
+            return {**self.tables, "ops": self.ops.table()}
         assert self.frames is not None
         return {name: frame.toArrow() for name, frame in self.frames.items()}
 
     def held(self) -> Mapping[str, Any]:
-        """The tables as held: Arrow tables or DataFrames. O(1)."""
-        return self.tables if self.tables is not None else self.frames or {}
+        """The tables as held: Arrow tables (the indexed operations as one) or
+        DataFrames. O(1), or O(rows) for indexed operations."""
+        return self.as_tables() if self.tables is not None else self.frames or {}
+
+    def indexed(self, rule_names: Sequence[str], retention_ms: int | None) -> ResidentState:
+        """This state, its Arrow operations indexed (:mod:`.ops_index`; no change for one
+        indexed already, or held by Spark). O(n log n)."""
+        if self.tables is None or self.ops is not None or "ops" not in self.tables:
+            return self
+        from .ops_index import OpsIndex
+
+        tables = dict(self.tables)
+        self.ops = OpsIndex(rule_names, retention_ms, tables.pop("ops"))
+        self.tables = tables
+        return self
 
     def release(self) -> None:
         """Let Spark drop the blocks of a state it keeps, now: a locally checkpointed
@@ -107,7 +146,7 @@ class ResidentState:
             if jdf is not None:
                 with contextlib.suppress(Exception):  # not a checkpoint's plan: nothing held
                     jdf.queryExecution().logical().rdd().unpersist(False)
-        self.frames = self.tables = None
+        self.frames = self.tables = self.ops = None
 
 
 class HeldState:
@@ -177,18 +216,20 @@ def next_resident(
     entry: StateEntry,
     state: Mapping[str, Any],
     changes: Mapping[str, Any],
+    ops: OpsIndex | None = None,
 ) -> tuple[ResidentState, StateEntry, dict[str, Any]]:
-    """The state that batch ``batch_id``'s attempt leaves (``state``: its tables), to
-    hold once it commits; the commit's state entry; and what the commit writes:
-    every table whole for a snapshot ``entry`` (:func:`next_entry`); else
-    ``changes`` (the rows each changed table gained and lost: ``ops.added``,
-    ``ops.removed``) and, whole, each table they do not cover (``events``, the
-    events above the watermark: at most the allowed lateness's worth), which the
-    entry names in ``whole``: a rebuild reads no other.
+    """The state that batch ``batch_id``'s attempt leaves (``state``: its tables; with
+    ``ops``, its operations indexed, and ``state`` holds the events), to hold once
+    it commits; the commit's state entry; and what the commit writes: every table
+    whole for a snapshot ``entry`` (:func:`next_entry`); else ``changes`` (the
+    rows each changed table gained and lost: ``ops.added``, ``ops.removed``) and,
+    whole, each table they do not cover (``events``, the events above the
+    watermark: at most the allowed lateness's worth), which the entry names in
+    ``whole``: a rebuild reads no other.
 
     The tables are all Arrow tables (held in the driver) or all DataFrames
     (held by Spark, locally checkpointed: their rows are counted, one job
-    each). O(tables) calls.
+    each). O(tables) calls, and O(rows) for a snapshot of indexed operations.
     """
     snapshot = not entry.is_changelog
     resident = ResidentState(
@@ -197,6 +238,7 @@ def next_resident(
         rows=0,
         base=batch_id if snapshot or entry.base is None else entry.base,
         changelogs=entry.changelogs,
+        ops=ops,
     )
     if all(hasattr(table, "num_rows") for table in state.values()):
         resident.tables = dict(state)
@@ -204,8 +246,10 @@ def next_resident(
     else:
         resident.frames = dict(state)
         resident.rows = sum(frame.count() for frame in state.values())
+    if ops is not None:
+        resident.rows += ops.rows
     if snapshot:
-        return resident, entry, dict(state)
+        return resident, entry, dict(resident.held())
     changed = {name.split(".")[0] for name in changes}
     whole = {name: table for name, table in state.items() if name not in changed}
     entry = StateEntry(

@@ -129,6 +129,7 @@ class BatchRunner:
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         """Run micro-batch ``batch_id`` unless it is committed already (a replay)."""
         started = time.perf_counter()
+        self.store.refresh()  # the checkpoint listed once per micro-batch
         if self.store.is_committed(batch_id):
             # Committed before a crash that came before Spark's own commit log: its
             # outputs may still wait for their publication, which this rolls forward.
@@ -191,6 +192,7 @@ class BatchRunner:
     def summary(self, seconds: float) -> dict[str, Any]:
         """The run's summary: batches, the counts' totals (of the gauges, the last
         micro-batch's), warnings and the last watermark. O(batches)."""
+        self.store.refresh()  # under Spark Connect, another process committed them
         last = self.store.committed()
         summary: dict[str, Any] = {
             "batches_run": self.batches_run,

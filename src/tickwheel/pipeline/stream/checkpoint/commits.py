@@ -46,6 +46,10 @@ class StateStore:
         self.plans = join(root, "plans")
         #: The commits read so far, by batch id (:meth:`_resolve`).
         self._known: dict[int, _Resolved] = {}
+        #: The names listed in ``commits/`` and ``state/`` since :meth:`refresh`.
+        self._listed: dict[str, list[str]] = {}
+        #: The commit slot files read as fences (a file never changes once made).
+        self._fences: set[str] = set()
 
     @property
     def token(self) -> int | None:
@@ -53,11 +57,40 @@ class StateStore:
         return self.owner.token if self.owner is not None else None
 
     # -- reading ---------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Forget what was listed: the next question lists ``commits/`` and ``state/``
+        again. A runner calls it once per micro-batch; between two calls, what this
+        store lists and writes itself is kept up to date without listing again (a
+        commit another owner made meanwhile is found by the commit's claim of its
+        slot, which reads the slots themselves). O(1)."""
+        self._listed.clear()
+
+    def _names(self, directory: str) -> list[str]:
+        """The names in ``directory`` (``commits/`` or ``state/``), listed once per
+        :meth:`refresh`. One listing, or none."""
+        names = self._listed.get(directory)
+        if names is None:
+            names = self._listed[directory] = self.storage.list_names(directory)
+        return names
+
+    def _listed_too(self, directory: str, name: str) -> None:
+        """Keep a listing of ``directory`` true to a file this store just made there."""
+        names = self._listed.get(directory)
+        if names is not None and name not in names:
+            names.append(name)
+
+    def _delete(self, directory: str, name: str) -> None:
+        """Delete ``directory/name``, and keep a listing of ``directory`` true to it."""
+        self.storage.delete(join(directory, name))
+        names = self._listed.get(directory)
+        if names is not None and name in names:
+            names.remove(name)
+
     def _slot_ids(self) -> dict[int, int]:
         """How many commit slot files each batch id has (``N.json``, ``N.T.json``).
-        One listing."""
+        One listing, or none since the last :meth:`refresh`."""
         found: dict[int, int] = {}
-        names = self.storage.list_names(self.commits)
+        names = self._names(self.commits)
         for name in names:
             parts = name[:-5].split(".") if name.endswith(".json") else []
             if parts and len(parts) <= 2 and all(p.isdigit() for p in parts):
@@ -83,6 +116,7 @@ class StateStore:
                 return None, path, fence
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"the commit of batch {batch_id} cannot be read: {exc}") from None
+            self._listed_too(self.commits, path.rsplit("/", 1)[-1])  # made since it was listed
             if isinstance(record, Commit):
                 self._known[batch_id] = (record, path, fence)
                 return record, path, fence
@@ -90,11 +124,12 @@ class StateStore:
             path = self._slot(batch_id, record.token)
 
     def committed(self) -> list[int]:
-        """The committed batch ids in order. One listing, and a read of each batch's
-        commit slots: those :meth:`prune` keeps, two batches' and the fences."""
+        """The committed batch ids in order. Two listings (none again until the next
+        :meth:`refresh`), and a read of each batch's commit slots not read before:
+        those :meth:`prune` keeps, two batches' and the fences."""
         slots = self._slot_ids()
         ids = {b for b in slots if self._resolve(b)[0] is not None}
-        for name in self.storage.list_names(self.state):  # format 1: no commits/
+        for name in self._names(self.state):  # format 1: no commits/
             legacy = name.isdigit() and int(name) not in ids and int(name) not in slots
             if legacy and self.storage.exists(self._legacy_commit(int(name))):
                 ids.add(int(name))
@@ -207,6 +242,7 @@ class StateStore:
                 raise self._fenced(fence.token, fence.host)
             with contextlib.suppress(FileExistsError):  # an older owner's fence: ours on it
                 self._create_fence(path)
+                self._listed_too(self.commits, path.rsplit("/", 1)[-1])
 
     def fence(self) -> int:
         """Fence the first batch not committed, which a predecessor that froze may still
@@ -228,6 +264,7 @@ class StateStore:
                 self._create_fence(path)
             except FileExistsError:  # a commit or a fence came first: look again
                 continue
+            self._listed_too(self.commits, path.rsplit("/", 1)[-1])
             return batch_id
 
     def commit(self, commit: Commit) -> Commit:
@@ -243,6 +280,8 @@ class StateStore:
                 create_json(self.storage, path, stamped.to_json())
             except FileExistsError:  # a fence or a commit came first: look again
                 continue
+            self._listed_too(self.commits, path.rsplit("/", 1)[-1])
+            self._listed_too(self.state, str(commit.batch_id))
             return stamped
 
     def check_format(self) -> None:
@@ -268,9 +307,14 @@ class StateStore:
 
     # -- cleaning ----------------------------------------------------------------------
     def _is_fence(self, name: str) -> bool:
-        """Whether the commit slot file ``name`` holds a fence. One read."""
+        """Whether the commit slot file ``name`` holds a fence. One read, none for a
+        fence read before."""
+        if name in self._fences:
+            return True
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            return isinstance(read_slot(read_json(self.storage, join(self.commits, name))), Fence)
+            if isinstance(read_slot(read_json(self.storage, join(self.commits, name))), Fence):
+                self._fences.add(name)
+                return True
         return False
 
     def prune(self, commit: Commit) -> None:
@@ -289,13 +333,13 @@ class StateStore:
         before = self.latest_before(batch_id)
         if before is not None:
             keep = min(keep, self.read_commit(before).snapshot_base)
-        for name in self.storage.list_names(self.state):
+        for name in list(self._names(self.state)):
             if name.isdigit() and int(name) < keep:
-                self.storage.delete(join(self.state, name))
-        for name in self.storage.list_names(self.commits):
+                self._delete(self.state, name)
+        for name in list(self._names(self.commits)):
             stem = name.split(".")[0]
             if stem.isdigit() and int(stem) < keep and not self._is_fence(name):
-                self.storage.delete(join(self.commits, name))
+                self._delete(self.commits, name)
         for name in self.storage.list_names(self.plans):
             stem = name.split(".")[0]
             if stem.isdigit() and int(stem) < batch_id:
