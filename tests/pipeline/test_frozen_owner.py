@@ -48,7 +48,7 @@ TABLES = ("outcomes", "unmatched", "rejected", "late")
 #: (some outputs staged, the others being written), with everything staged and
 #: nothing committed, and just after it found its batch not committed, before
 #: writing anything of it. The last job runs to the end.
-FREEZES = [("hostA", "mid_batch", 1), ("hostB", "after_state", 3), ("hostC", "batch_start", 5)]
+FREEZES = [("hostA", "mid_batch", 1), ("hostB", "after_state", 2), ("hostC", "batch_start", 3)]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def _unshare_or_skip() -> None:
 def _command(host: str, tmp: Path, rules: Path, mount: ViewFs) -> list[str]:
     args = [sys.executable, str(JOB), "--topic", str(tmp / "topic"), "--rules", str(rules),
             "--output", mount.uri("out"), "--checkpoint", mount.uri("ck"),
-            "--max-records-per-trigger", "30"]  # fmt: skip
+            "--max-records-per-trigger", "60"]  # fmt: skip
     script = 'hostname "$0" && exec "$@"'
     return ["unshare", "--uts", "sh", "-c", script, host, *args]
 

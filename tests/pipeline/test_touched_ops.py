@@ -308,7 +308,7 @@ def test_a_stream_gives_the_same_whether_its_operations_are_indexed_or_held_by_s
     from tickwheel.pipeline.stream.start import read_stream_outputs
 
     gen = tmp_path / "gen"
-    generate_orders(300, gen, seed=5, files=6)
+    generate_orders(200, gen, seed=5, files=4)
     files = sorted(gen.glob("part-*.jsonl"))
     rules = write_rules(tmp_path / "rules.toml")
     reference = run_reference(iter_input_lines(gen), load_rules(rules))
