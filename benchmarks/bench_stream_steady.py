@@ -72,6 +72,12 @@ targets, with a verdict where both sides of a ratio were measured.
 
     .venv/bin/python benchmarks/bench_stream_steady.py --pending 1e3 1e5 1e6 1e7
     .venv/bin/python benchmarks/bench_stream_steady.py --pending 1e3 1e6 --peers none
+    .venv/bin/python benchmarks/bench_stream_steady.py --pending 1e6 --batches 20 \
+        --peers none --check-batch
+
+With ``--check-batch``, after the timed runs, the stream's outcomes and the
+operations still pending at its end are checked equal to the batch job's
+(``tickwheel pipeline run``) over the same files.
 """
 
 from __future__ import annotations
@@ -375,6 +381,33 @@ def _check_outcomes(size: Size, work: Path) -> None:
         spark.stop()
 
 
+def _check_batch(size: Size, work: Path, rules: Path) -> None:
+    """The stream's outcomes and pending operations at the end equal what the batch job
+    (``tickwheel pipeline run``) gives over the same files (untimed, two more JVMs)."""
+    batch = _cli_commands(
+        work, rules, size.workload.input, size.workload.files, ["run"], PYFLINK_PYTHON
+    )
+    done = subprocess.run(batch["run"], capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"the batch job failed:\n{done.stderr[-3000:]}")
+    spark = create_session("local[2]", shuffle_partitions=2)
+    try:
+        sink = make_sink("parquet", str(work / "cli-stream"), spark)
+        streamed = read_stream_outputs(spark, sink, str(work / "cli-stream-ck"))["outcomes"]
+        ran = spark.read.parquet(str(work / "cli-run" / "outcomes"))
+        columns = sorted(set(streamed.columns) & set(ran.columns) - {"batch_id"})
+        streamed, ran = streamed.select(*columns), ran.select(*columns)
+        apart = streamed.exceptAll(ran).count() + ran.exceptAll(streamed).count()
+        if apart:
+            raise SystemExit(f"MISMATCH at {sci(size.n)}: {apart:,} outcome rows differ "
+                             "between the stream and the batch job")  # fmt: skip
+        pending = ran.where("outcome = 'pending'").count()
+        size.checks.append(f"stream: its {streamed.count():,} outcomes, {pending:,} of them "
+                           "pending, equal the batch job's over the same files")  # fmt: skip
+    finally:
+        spark.stop()
+
+
 def _timeout(args: argparse.Namespace, name: str) -> float:
     return float(args.stream_timeout if name == STREAM else args.timeout)
 
@@ -412,6 +445,8 @@ def measure_size(args: argparse.Namespace, work: Path, rules: Path, n: int, peer
     _check_pending(size)
     if size.stream.finished and size.peer.finished:
         _check_outcomes(size, work)
+    if size.stream.finished and args.check_batch:
+        _check_batch(size, work, rules)
     for check in size.checks:
         print(f"  checked: {check}", flush=True)
     return size
@@ -514,6 +549,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds after which the peer is stopped (not finished)")  # fmt: skip
     parser.add_argument("--stream-timeout", type=float, default=3600.0,
                         help="the same for the stream")  # fmt: skip
+    parser.add_argument("--check-batch", action="store_true",
+                        help="check the stream's outcomes against the batch job's")  # fmt: skip
     parser.add_argument("--workdir", type=Path, help="kept afterwards (default: a temporary one)")
     args = parser.parse_args(argv)
     if args.batches < 2:

@@ -161,7 +161,8 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
 ) -> None:
     """Each micro-batch here (about 150 records) is below the default DRIVER_ROWS:
     the driver runs its purgatory (no shuffle, no Python worker) and holds its
-    classified records. With DRIVER_ROWS at 10, Spark's partitions run it and
+    classified records, collected by the job that counts them. With DRIVER_ROWS at
+    10, Spark's partitions run it and
     nothing is held; the driver still writes the tables (one partition). The
     outputs of 5 micro-batches are the reference's either way."""
     from tickwheel.pipeline.spark import frames, partition, step
@@ -179,9 +180,9 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
         runs.append("driver")
         return partition.run_partition_on_arrow(*args, **kw)
 
-    def counted_copy(frame: Any) -> Any:
-        runs.append("copy")
-        return frames.driver_copy(frame)
+    def counted_copy(frame: Any, collected: Any = None) -> Any:
+        runs.append("copy" if collected is None else "collected while counted")
+        return frames.driver_copy(frame, collected)
 
     monkeypatch.setattr(step, "run_partitions", counted_spark_partitions)
     monkeypatch.setattr(step, "run_partition_on_arrow", counted_driver_partition)
@@ -189,7 +190,7 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
     feed(orders["files"], tmp_path / "in", 5)
     summary = _run(spark, tmp_path, orders["rules"], partitions=2, max_files_per_trigger=1)
     assert summary["batches_run"] == 5
-    assert runs == (["copy", "driver"] if held else ["spark"]) * 5
+    assert runs == (["collected while counted", "driver"] if held else ["spark"]) * 5
     assert {m["written_by"] for m in _committed_metas(tmp_path)} == {"driver"}
     compare_with_reference(summary["outputs"], orders["ref"])
 

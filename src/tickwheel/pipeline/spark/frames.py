@@ -83,8 +83,9 @@ def from_arrow(spark: SparkSession, table: Any) -> DataFrame:
     return empty_frame(spark, from_arrow_schema(table.schema))
 
 
-def driver_copy(frame: DataFrame) -> DataFrame:
-    """``frame``'s rows, collected to the driver as Arrow, as a local relation. One job.
+def driver_copy(frame: DataFrame, collected: Any = None) -> DataFrame:
+    """``frame``'s rows, collected to the driver as Arrow, as a local relation. One job,
+    none when ``collected`` holds them already (``frame.toArrow()``'s table).
 
     Spark's optimizer evaluates the filters and projections over a local
     relation as it plans a query (into a new local relation), so a query that
@@ -93,7 +94,7 @@ def driver_copy(frame: DataFrame) -> DataFrame:
     rows read by several queries, that is cheaper than a cache. Every row
     passes through the driver's memory, so it is for small frames only.
     """
-    return frame.sparkSession.createDataFrame(frame.toArrow())
+    return from_arrow(frame.sparkSession, frame.toArrow() if collected is None else collected)
 
 
 def run_parameters(spark: SparkSession, **values: int | None) -> dict[str, Column]:

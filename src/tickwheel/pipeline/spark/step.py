@@ -287,15 +287,32 @@ class DelayedOperations:
 
     # -- stage 3 -------------------------------------------------------------------
     def counts(self) -> RecordCounts:
-        """The records' counts: the first action, which classifies them. Cached."""
+        """The records' counts: the first action, which classifies them (a small
+        micro-batch's in the one job that collects them: :meth:`_collected_if_few`). Cached."""
         if self._counts is None:
-            self._counts = RecordCounts.collect(self.classified())
+            collected = self._collected_if_few()
+            if collected is None:
+                self._counts = RecordCounts.collect(self.classified())
+            else:
+                self._counts = RecordCounts.of_table(collected)
             if self._records_placement().runs_in_driver:  # known from the counts
                 cached = self.classified()
-                self._classified = driver_copy(cached)
+                self._classified = driver_copy(cached, collected)
                 self._records_in_driver = True
                 cached.unpersist()
         return self._counts
+
+    def _collected_if_few(self) -> pa.Table | None:
+        """The classified records as Arrow, when there may be few enough to hold in the
+        driver (:attr:`Placement.runs_in_driver`) and are: one job that reads, classifies
+        and hands them over, counted then in the driver. None when more (their counts
+        are then an aggregate over the cached frame). O(records)."""
+        per = self.options.rows_per_partition
+        if per is None:
+            return None
+        most = min(per, DRIVER_ROWS)
+        collected = self.classified().limit(most + 1).toArrow()
+        return collected if collected.num_rows <= most else None
 
     def _records_placement(self) -> Placement:
         """Where the records go, from the counts: held in the driver when the run, the

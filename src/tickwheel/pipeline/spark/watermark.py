@@ -18,6 +18,7 @@ from .classify import C_CONFLICT, C_DUPLICATE, C_EVENT, C_IGNORED, C_LATE, C_REJ
 from .frames import sql_in
 
 if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import DataFrame
 
 __all__ = ["RecordCounts", "advance_watermark"]
@@ -73,6 +74,33 @@ class RecordCounts:
             .collect()
         )  # fmt: skip
         return cls.from_rows(row.asDict() for row in rows)
+
+    @classmethod
+    def of_table(cls, classified: pa.Table) -> RecordCounts:
+        """The same counts from the classified records held in the driver, as
+        :meth:`collect` gives them over the frame. O(rows)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+        c = classified["c"]
+        rejected = pc.is_in(c, value_set=pa.array([C_CONFLICT, C_REJECTED], c.type))
+        kept = pc.less_equal(c, pa.scalar(C_IGNORED, c.type))
+        reason, times = classified["reason"], classified["time"]
+        grouped = (
+            pa.table({
+                "c": c,
+                "old": classified["old"],
+                "r": pc.if_else(rejected, reason, pa.scalar(None, reason.type)),
+                "kept_time": pc.if_else(kept, times, pa.scalar(None, times.type)),
+            })
+            .group_by(["c", "old", "r"])
+            .aggregate([([], "count_all"), ("kept_time", "min"), ("kept_time", "max")])
+        )  # fmt: skip
+        names = {"count_all": "n", "kept_time_min": "first", "kept_time_max": "last"}
+        return cls.from_rows(
+            {names.get(name, name): value for name, value in row.items()}
+            for row in grouped.to_pylist()
+        )
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict[str, object]]) -> RecordCounts:
