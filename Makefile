@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml setup.py $(CYTHON_SOURCES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# The extras' packages (scripts/requirements.py reads them from pyproject.toml) install
-	@# while the compiled core builds: one core each; one after the other, 55 s here.
+	@# while the compiled core builds: one core each, rather than one after the other.
 	$(BIN)/python scripts/requirements.py dev spark > $(VENV)/requirements.txt
 	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements.txt & packages=$$!; \
 		$(BIN)/python -m pip install --quiet --no-deps -e .; built=$$?; \
@@ -31,7 +31,7 @@ system-deps:
 DEMO_DIR ?= demo-out
 
 # `pipeline prepare` archives the JVM's classes once (~180 MB in ~/.cache/tickwheel), so
-# that the run starts about 2 s faster; it does nothing when the archive is there. The
+# that the JVM starts sooner; it does nothing when the archive is there. The
 # archive is only a speed-up: if it cannot be made (no disk space, say), the demo goes on.
 demo: $(STAMP) system-deps
 	$(BIN)/tickwheel trace
@@ -52,18 +52,18 @@ typecheck: $(STAMP)
 # the benchmark tests run), then the pipeline tests marked `connect` again on Spark
 # Connect sessions (PySpark's functions follow one session kind per process, so they
 # run in processes of their own: tests/pipeline/conftest.py; run beside the compiled
-# pass, the two took longer here than one after the other: 792 s and 790 s against
-# 633 s and 110 s); and the library's suite (all but the Spark tests) on the
+# pass, the two took longer than one after the other, as both keep the two cores
+# busy); and the library's suite (all but the Spark tests) on the
 # pure-Python path. The packaging test builds from source whichever path runs, so it
 # runs once. TICKWHEEL_NO_EXTENSIONS=1 runs only the pure path, for a machine without
 # a C compiler.
 #
 # The tests run in PYTEST_WORKERS processes (pytest-xdist; each Spark one has its own
 # local[2] session): most of the Spark tests' time is spent starting child JVMs, which
-# two workers overlap on two cores (the suite took 12.3 min in one process, 10.0 in two).
+# two workers overlap on two cores.
 # A worker that runs out of tests takes some from the other's queue (worksteal): with
-# xdist's default hand-out, one worker held the slow stream tests for the last 6 minutes
-# while the machine was 30 % idle; with worksteal it stayed 97 % busy.
+# xdist's default hand-out, one worker held the slow stream tests for the last minutes
+# while the other core idled; with worksteal both stay busy.
 PYTEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal
 
@@ -83,8 +83,8 @@ endif
 # The JVM's class archive (`pipeline prepare`, which `make demo` runs too) is recorded
 # beside the library's pure-path suite, the lint, the type check and the benchmarks'
 # compiled floors (which `pytest-spark` then finds built): the suite's JVMs on a local
-# master then start about 4 s sooner each (a small `pipeline stream` took 8.6 s instead
-# of 12.4 s here). Like the demo, the suite goes on without it if it cannot be made.
+# master then start sooner, each of them (docs/benchmarks.md, "Cold start"). Like the
+# demo, the suite goes on without it if it cannot be made.
 test: $(STAMP) system-deps
 	@$(MAKE) --no-print-directory -j2 --output-sync=target class-archive pytest-pure lint \
 		typecheck bench-floors

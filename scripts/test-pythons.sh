@@ -67,9 +67,8 @@ test_one() {
 }
 
 # The interpreters run side by side: each one's suite spends about half its time
-# waiting on timers and sockets (47 s of CPU in 53 s on two workers, 3.12 here), and
-# its install compiles on one core, so two of them overlap well on two cores. Each
-# one's output is shown whole once it is done.
+# waiting on timers and sockets, and its install compiles on one core, so two of them
+# overlap well on two cores. Each one's output is shown whole once it is done.
 seen=" "
 failed=()
 ran=0

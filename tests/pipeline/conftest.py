@@ -85,7 +85,7 @@ def spark() -> Iterator[SparkSession]:
     remote = "local[2]" if connect_run() else None
     session = create_session(
         "local[2]", app_name="tickwheel-tests", shuffle_partitions=4, conf=conf, remote=remote,
-        class_archive=find(),  # when `make test` recorded one: a JVM start ~4 s shorter
+        class_archive=find(),  # when `make test` recorded one: a shorter JVM start
     )  # fmt: skip
     try:
         yield session

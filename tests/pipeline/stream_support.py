@@ -115,8 +115,7 @@ def subprocess_env(fault: str | None = None) -> dict[str, str]:
         env["TICKWHEEL_FAULT"] = fault
     # Each of these drivers lives for a few small micro-batches, so the JVM's
     # optimising (C2) compiler mostly competes with the work for the 2 cores.
-    # With it off, test_kill_and_restart_parquet_sink took 175 s instead of 195 s
-    # here. (The tests' shared in-process session gained nothing: not set there.)
+    # (The tests' shared in-process session gained nothing from it: not set there.)
     env["JDK_JAVA_OPTIONS"] = f"{env.get('JDK_JAVA_OPTIONS', '')} -XX:TieredStopAtLevel=1".strip()
     return env
 
