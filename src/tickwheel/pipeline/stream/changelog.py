@@ -154,20 +154,34 @@ def _tables(store: StateStore, chain: list[Commit]) -> dict[str, pa.Table]:
 def _read_table(store: StateStore, directory: str) -> pa.Table | None:
     """The Parquet files of ``directory`` as one Arrow table (None: no directory)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     from ..storage import is_data_file
 
     if not store.storage.exists(directory):
         return None
     parts = [
-        pq.read_table(pa.BufferReader(store.storage.read_bytes(join(directory, name))))
+        _parquet_table(store.storage.read_bytes(join(directory, name)))
         for name in sorted(store.storage.list_names(directory))
         if is_data_file(name)
     ]
     if not parts:
         return None
     return pa.concat_tables([p.replace_schema_metadata(None) for p in parts])
+
+
+def _parquet_table(data: bytes) -> pa.Table:
+    """A Parquet file's bytes as a table, read from a copy in Arrow's own memory. O(bytes).
+
+    Over Python's ``bytes``, the reader's last reference may be dropped on one of
+    Arrow's threads, which must then take the GIL; at interpreter exit it cannot,
+    and the process aborts ("terminate called without an active exception").
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    copy = pa.BufferOutputStream()
+    copy.write(data)
+    return pq.read_table(pa.BufferReader(copy.getvalue()))
 
 
 def committed_frames(
