@@ -305,8 +305,9 @@ class DelayedOperations:
     def _collected_if_few(self) -> pa.Table | None:
         """The classified records as Arrow, when there may be few enough to hold in the
         driver (:attr:`Placement.runs_in_driver`) and are: one job that reads, classifies
-        and hands them over, counted then in the driver. None when more (their counts
-        are then an aggregate over the cached frame). O(records)."""
+        and hands them over, counted then in the driver. None when more: their counts
+        are then an aggregate over the cached frame, so a larger micro-batch pays one
+        more job and the transfer of its first rows. O(records)."""
         per = self.options.rows_per_partition
         if per is None:
             return None
