@@ -6,7 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tickwheel.pipeline.spark.step import DRIVER_ROWS, MICRO_BATCH_ROWS_PER_PARTITION, Placement
+from tickwheel.pipeline.spark.placement import (
+    DRIVER_ROWS,
+    MICRO_BATCH_ROWS_PER_PARTITION,
+    Placement,
+)
 
 PER = MICRO_BATCH_ROWS_PER_PARTITION
 

@@ -165,11 +165,11 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
     10, Spark's partitions run it and
     nothing is held; the driver still writes the tables (one partition). The
     outputs of 5 micro-batches are the reference's either way."""
-    from tickwheel.pipeline.spark import frames, partition, step
+    from tickwheel.pipeline.spark import frames, partition, placement, step
 
     held = driver_rows is None
     if not held:
-        monkeypatch.setattr(step, "DRIVER_ROWS", driver_rows)
+        monkeypatch.setattr(placement, "DRIVER_ROWS", driver_rows)
     runs: list[str] = []
 
     def counted_spark_partitions(*args: Any, **kw: Any) -> Any:

@@ -10,7 +10,9 @@ Both drivers (:mod:`tickwheel.pipeline.batch` and
 * :mod:`.fanout`: one row per (event, rule) (stage 4);
 * :mod:`.partition`: one purgatory per key partition, Arrow in and out (stage 5);
 * :mod:`.outputs`: the tables, the next state and the counters (stage 6);
-* :mod:`.step`: the step that runs them, :class:`~.step.DelayedOperations`.
+* :mod:`.step`: the step that runs them, :class:`~.step.DelayedOperations`,
+  with :mod:`.placement` saying where its purgatory runs (Spark's partitions,
+  or the driver) and how wide.
 
 And what the command line needs around them: :mod:`.files` (files → a records
 frame), :mod:`.session` (the SparkSession and a job's settings),

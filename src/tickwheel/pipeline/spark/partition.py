@@ -58,6 +58,7 @@ __all__ = [
     "partition_function",
     "run_partition_on_arrow",
     "run_partitions",
+    "state_input_frame",
     "state_inputs",
 ]
 
@@ -158,9 +159,30 @@ def run_partition_on_arrow(
     return spark.createDataFrame(pa.Table.from_batches(batches))
 
 
+#: :func:`state_inputs` in SQL, for carried operations held by Spark
+#: (:func:`state_input_frame`).
+_STATE_INPUT_COLUMNS = (
+    "kind AS state_kind",
+    "rule",
+    "key",
+    "`time`",
+    "CAST(NULL AS BIGINT) AS seq",
+    "event_id",
+    "CAST(NULL AS STRING) AS event_type",
+    "deadline",
+)
+
+
+def state_input_frame(ops: DataFrame) -> DataFrame:
+    """:func:`state_inputs` over a frame of carried operations: the same rows, planned
+    by Spark. Lazy."""
+    return ops.selectExpr(*_STATE_INPUT_COLUMNS)
+
+
 def state_inputs(ops: pa.Table) -> pa.Table:
     """Carried operations (:data:`.outputs.OPS_COLUMNS`) as a partition's input rows
-    (:data:`IN_COLUMNS`: ``state_kind`` set, no sequence or event type). O(1) copies."""
+    (:data:`IN_COLUMNS`: ``state_kind`` set, no sequence or event type), from Arrow
+    (:func:`state_input_frame` from a frame). O(1) copies."""
     import pyarrow as pa
 
     n = ops.num_rows

@@ -10,7 +10,7 @@ this package:
 4. :mod:`.fanout`: one row per (kept event, rule using its type);
 5. :mod:`.partition`: with the carried operations, by (rule, key), through one
    purgatory per partition (persisted; a small micro-batch's one partition
-   runs in the driver: :data:`DRIVER_ROWS`);
+   runs in the driver: :data:`.placement.DRIVER_ROWS`);
 6. :mod:`.outputs`: the tables, the next state and the counters.
 
 Two drivers call it. The batch driver (:func:`delayed_operations`, and
@@ -60,8 +60,10 @@ from .partition import (
     OUT_DDL,
     run_partition_on_arrow,
     run_partitions,
+    state_input_frame,
     state_inputs,
 )
+from .placement import Placement
 from .records import (
     DEFAULT_MAX_FUTURE_MS,
     input_form,
@@ -80,28 +82,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = [
-    "DRIVER_ROWS",
-    "MICRO_BATCH_ROWS_PER_PARTITION",
     "CarriedOps",
     "CarriedState",
     "DelayedOperations",
-    "Placement",
+    "StepOptions",
     "delayed_operations",
 ]
-
-#: The stream's purgatory takes one partition per this many rows (the new kept
-#: events and the carried state), up to ``partitions``. Each partition costs a
-#: task in the purgatory and in each of its writes, about as much as the
-#: purgatory spends on this many rows on one core: a small micro-batch gains
-#: nothing from a second partition.
-MICRO_BATCH_ROWS_PER_PARTITION = 50_000
-
-#: A micro-batch of one partition with at most this many records and this many
-#: rows in its purgatory is held in the driver (:attr:`Placement.runs_in_driver`).
-#: Its queries then need no shuffle and no cache, but Spark evaluates them row by
-#: row as it plans them, with no generated code: below some 10,000 rows that
-#: costs less than the jobs it saves, and above it more (``docs/benchmarks.md``).
-DRIVER_ROWS = 10_000
 
 
 class CarriedOps(Protocol):
@@ -149,47 +135,8 @@ class StepOptions:
     refused: Sequence[tuple[str, str]] = ()  # (raw, reason) of records refused before reading
     event_times: Sequence[int] = ()  # more event times seen (the stream's heartbeats)
     # None: the purgatory runs in ``partitions``. Else one partition per this many
-    # rows, up to ``partitions`` (the stream: MICRO_BATCH_ROWS_PER_PARTITION).
+    # rows, up to ``partitions`` (the stream: .placement.MICRO_BATCH_ROWS_PER_PARTITION).
     rows_per_partition: int | None = None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a run's purgatory runs, and how wide, from its sizes (:meth:`of`).
-
-    ``driver_writes``: the run fits one partition, so its tables are small
-    enough for the driver to collect and write (:func:`.frames.write_parquet`).
-    ``runs_in_driver``: it is written by the driver and has at most
-    :data:`DRIVER_ROWS` records and purgatory rows, so
-    it is held in the driver whole: its classified records as a local
-    relation (:func:`.frames.driver_copy`), its one partition run there
-    (:func:`.partition.run_partition_on_arrow`: no shuffle, no Python
-    worker), its tables and next state read from those rows with no shuffle
-    and no scan of a cache.
-    """
-
-    partitions: int
-    driver_writes: bool = False
-    runs_in_driver: bool = False
-
-    @classmethod
-    def of(cls, partitions: int, per: int | None, records: int, rows: int | None) -> Placement:
-        """The placement of a run of ``records`` records and ``rows`` purgatory rows
-        (the new kept events and the carried state's rows; None: unknown). O(1).
-
-        With ``per`` (:attr:`StepOptions.rows_per_partition`) None, or the rows
-        unknown: ``partitions``, written by Spark (the batch driver).
-        Else one partition per ``per`` rows, at least one and at most
-        ``partitions``; written by the driver when records and rows are at most ``per``.
-        """
-        if per is None or rows is None:
-            return cls(partitions)
-        largest = max(records, rows)
-        return cls(
-            partitions=max(1, min(partitions, -(-rows // per))),
-            driver_writes=largest <= per,
-            runs_in_driver=largest <= min(per, DRIVER_ROWS),
-        )
 
 
 class DelayedOperations:
@@ -311,7 +258,7 @@ class DelayedOperations:
         per = self.options.rows_per_partition
         if per is None:
             return None
-        most = min(per, DRIVER_ROWS)
+        most = Placement.driver_rows(per)
         collected = self.classified().limit(most + 1).toArrow()
         return collected if collected.num_rows <= most else None
 
@@ -432,7 +379,7 @@ class DelayedOperations:
         events, ops = self._event_inputs(), self._carried_ops()
         if ops is None:
             return events
-        return events.unionByName(ops.selectExpr(*_STATE_INPUTS))
+        return events.unionByName(state_input_frame(ops))
 
     def _partition_input_table(self) -> pa.Table:
         """:meth:`_partition_inputs` as Arrow in the driver: the events collected (without a
@@ -443,7 +390,7 @@ class DelayedOperations:
         if self.state.held_ops is not None:
             ops = state_inputs(self.touched_ops())
         elif self.state.ops is not None:
-            ops = to_arrow(self.state.ops.selectExpr(*_STATE_INPUTS))
+            ops = to_arrow(state_input_frame(self.state.ops))
         else:
             return events
         # Spark says which columns the events never leave null; the operations leave seq null.
@@ -565,20 +512,6 @@ class DelayedOperations:
 
     def __exit__(self, *exc: object) -> None:
         self.unpersist()
-
-
-#: The carried operations (:data:`.outputs.OPS_COLUMNS`) as a partition's input rows
-#: (:data:`.partition.IN_COLUMNS`), in SQL (:func:`.partition.state_inputs` in Arrow).
-_STATE_INPUTS = (
-    "kind AS state_kind",
-    "rule",
-    "key",
-    "`time`",
-    "CAST(NULL AS BIGINT) AS seq",
-    "event_id",
-    "CAST(NULL AS STRING) AS event_type",
-    "deadline",
-)
 
 
 def _persisted(frame: DataFrame) -> DataFrame:

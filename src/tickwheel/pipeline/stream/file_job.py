@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..rules import Rules, load_rules
+from ..spark.placement import MICRO_BATCH_ROWS_PER_PARTITION
 from ..spark.records import DEFAULT_MAX_FUTURE_MS
-from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
+from ..spark.step import StepOptions
 from ..spark.workers import WorkersError
 from ..storage import absolute, is_uri
 from .checkpoint import StateStore, StreamError, take_checkpoint
@@ -52,7 +53,7 @@ class StreamConfig:
     input_format: str | None = None  # default: the rules' [input].format
     partitions: int | None = None  # at most; see rows_per_partition
     # A micro-batch's purgatory takes one partition per this many rows, up to
-    # ``partitions`` (spark.step.MICRO_BATCH_ROWS_PER_PARTITION).
+    # ``partitions`` (spark.placement.MICRO_BATCH_ROWS_PER_PARTITION).
     rows_per_partition: int = MICRO_BATCH_ROWS_PER_PARTITION
     max_files_per_trigger: int | None = None
     max_future_ms: int | None = DEFAULT_MAX_FUTURE_MS

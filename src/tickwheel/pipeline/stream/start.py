@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from ..rules import Rules, load_rules
 from ..sinks.base import BATCH_ID
+from ..spark.placement import MICRO_BATCH_ROWS_PER_PARTITION
 from ..spark.records import DEFAULT_MAX_FUTURE_MS, input_form, parse_max_future
-from ..spark.step import MICRO_BATCH_ROWS_PER_PARTITION, StepOptions
+from ..spark.step import StepOptions
 from ..storage import storage_for
 from .changelog import committed_frames
 from .checkpoint import StateStore, new_plan, take_checkpoint, tickwheel_root
