@@ -96,6 +96,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import _stream_peers as peers
 from _cli_comparison import PYFLINK_PYTHON, _cli_commands, _Run, _run_timed, _tickwheel_command
@@ -359,6 +360,12 @@ def _check_pending(size: Size) -> None:
         size.checks.append(f"{side.name}: {want:,} pending at the end, as generated")
 
 
+def _stream_outputs(spark: Any, work: Path) -> dict[str, Any]:
+    """The tables the command line's stream published, read through its checkpoint."""
+    sink = make_sink("parquet", str(work / "cli-stream"), spark)
+    return read_stream_outputs(spark, sink, str(work / "cli-stream-ck"))
+
+
 def _check_outcomes(size: Size, work: Path) -> None:
     """The peer's outcomes equal the stream's on comparable keys (untimed, one more JVM)."""
     assert size.stream.run is not None
@@ -366,8 +373,7 @@ def _check_outcomes(size: Size, work: Path) -> None:
     watermark = json.loads(done[-1].split(" stream: done: ", 1)[1])["watermark"]
     spark = create_session("local[2]", shuffle_partitions=2)
     try:
-        sink = make_sink("parquet", str(work / "cli-stream"), spark)
-        outs = read_stream_outputs(spark, sink, str(work / "cli-stream-ck"))
+        outs = _stream_outputs(spark, work)
         # Every key has one operation, so the pending rows change no key's standing:
         # they are left out of what is collected (N of them).
         outs["outcomes"] = outs["outcomes"].where("outcome != 'pending'")
@@ -392,8 +398,7 @@ def _check_batch(size: Size, work: Path, rules: Path) -> None:
         raise SystemExit(f"the batch job failed:\n{done.stderr[-3000:]}")
     spark = create_session("local[2]", shuffle_partitions=2)
     try:
-        sink = make_sink("parquet", str(work / "cli-stream"), spark)
-        streamed = read_stream_outputs(spark, sink, str(work / "cli-stream-ck"))["outcomes"]
+        streamed = _stream_outputs(spark, work)["outcomes"]
         ran = spark.read.parquet(str(work / "cli-run" / "outcomes"))
         columns = sorted(set(streamed.columns) & set(ran.columns) - {"batch_id"})
         streamed, ran = streamed.select(*columns), ran.select(*columns)
