@@ -82,10 +82,13 @@ def spark() -> Iterator[SparkSession]:
     # port (as SparkSession.builder.remote("local[2]") does on 15002), so that the
     # test processes and the jobs they start can each have one; its Python workers
     # run this interpreter, as the classic session's do.
+    # C1 only: the two test processes keep both cores busy, so the CPU the optimising
+    # compiler spends is taken from the other process's tests, and the short queries
+    # of a test rarely run long enough to pay it back.
     remote = "local[2]" if connect_run() else None
     session = create_session(
         "local[2]", app_name="tickwheel-tests", shuffle_partitions=4, conf=conf, remote=remote,
-        class_archive=find(),  # when `make test` recorded one: a shorter JVM start
+        quick_jit=True, class_archive=find(),  # find: when `make test` recorded one
     )  # fmt: skip
     try:
         yield session

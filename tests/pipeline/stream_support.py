@@ -114,8 +114,8 @@ def subprocess_env(fault: str | None = None) -> dict[str, str]:
     if fault is not None:
         env["TICKWHEEL_FAULT"] = fault
     # Each of these drivers lives for a few small micro-batches, so the JVM's
-    # optimising (C2) compiler mostly competes with the work for the 2 cores.
-    # (The tests' shared in-process session gained nothing from it: not set there.)
+    # optimising (C2) compiler mostly competes with the work for the 2 cores (the
+    # tests' shared session runs C1 only too: conftest.py).
     env["JDK_JAVA_OPTIONS"] = f"{env.get('JDK_JAVA_OPTIONS', '')} -XX:TieredStopAtLevel=1".strip()
     return env
 
