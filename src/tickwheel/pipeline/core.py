@@ -94,11 +94,9 @@ def cyclic_gc_paused() -> Iterator[None]:
     process of their own. The loop allocates an object per operation and per
     outcome, all freed by reference counting (a run leaves no cyclic garbage:
     ``tests/pipeline/test_pipeline_core.py`` checks it), yet with the collector
-    on, each of its passes walks every pending operation. Measured in the batch
-    job at 1e6 orders (two partitions of 871k events each): the collector took
-    2.0--2.1 s of CPU per partition (about 1,940 passes) against a loop of
-    9.4--10.0 s; with the loop and its batch conversions paused, 0.6--0.7 s
-    (148 passes) and a loop of 6.9--7.9 s. Reference counting still frees
+    on, each of its passes walks every pending operation and frees nothing: with
+    a million operations pending, the passes take a large part of the loop's
+    CPU. Reference counting still frees
     memory while it is paused. The collector's state is process-wide, so use
     this only where no other thread relies on it. O(1).
     """

@@ -5,8 +5,8 @@ their libraries are about 15,000 classes read from jars, parsed and verified
 one by one. HotSpot can save the classes a run loaded in an archive
 (AppCDS, ``-XX:ArchiveClassesAtExit``) and map it at the next start
 (``-XX:SharedArchiveFile``), already parsed and verified: Spark starts
-about 2 s sooner, and the first stages run sooner too (figures in
-``docs/benchmarks.md``, "Cold start").
+sooner, and the first stages run sooner too (``docs/benchmarks.md``, "Cold
+start").
 
 The archive belongs to one JVM and one set of Spark jars: its name carries a
 fingerprint of both (:func:`fingerprint`), and a JVM started with

@@ -55,9 +55,9 @@ def to_arrow(frame: DataFrame) -> Any:
     Spark's optimizer folds filters and projections over a local relation (a
     frame made from the driver's rows: :func:`driver_copy`) into a new local
     relation as it plans a query; collecting such a plan only hands its rows
-    over, in the driver, but ``toArrow`` still runs them through a job (some
-    30-190 ms on a local master, against about 5 ms per thousand rows
-    converted in Python). A classic session's planned query says which it is.
+    over, in the driver, but ``toArrow`` still runs them through a job, which
+    costs more than converting a few thousand rows in Python. A classic
+    session's planned query says which it is.
     """
     import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -174,14 +174,13 @@ def write_parquet(
     """Write ``frame``'s rows as Parquet files in ``directory``, which must not exist.
 
     By default Spark's writer does it: one job, a file per partition, and
-    Hadoop's commit protocol (task and job commits, ``_SUCCESS``). On a local
-    master that protocol costs some 100 ms for a table of a few rows, more
-    than the rows do. With ``in_driver`` the rows are collected to the driver
-    as Arrow (one job) and written there as one file with pyarrow, through
-    ``storage`` (default: a local path): 3-4 times cheaper for a small table,
-    and for a small table only, since every row passes through the driver's
-    memory. Either way the files hold the same rows under the same column
-    names and Spark types.
+    Hadoop's commit protocol (task and job commits, ``_SUCCESS``), which for a
+    table of a few rows costs more than the rows do. With ``in_driver`` the
+    rows are collected to the driver as Arrow (one job) and written there as
+    one file with pyarrow, through ``storage`` (default: a local path):
+    cheaper for a small table, and for a small table only, since every row
+    passes through the driver's memory. Either way the files hold the same
+    rows under the same column names and Spark types.
     """
     if not in_driver:
         frame.write.mode("error").parquet(directory)  # "errorifexists": not on Connect

@@ -255,15 +255,15 @@ def create_session(
     console progress bar, and keeps the log at WARN. On a local
     master the Python processes Spark starts import PySpark from the installed
     package, not from ``pyspark.zip``: the workers' daemon
-    (:data:`WORKER_DAEMON`), which saves a fresh daemon about a second of
-    compiling, and the processes a Python data source runs in
-    (:func:`local_python`), about 0.35 s each.
+    (:data:`WORKER_DAEMON`), which spares a fresh daemon compiling PySpark's
+    modules, and the processes a Python data source runs in
+    (:func:`local_python`), which spares each of them the same.
 
     It also turns off PySpark's DataFrame call-site capture
     (``spark.python.sql.dataFrameDebugging.enabled``). With it on, every
     DataFrame or Column call made from Python walks the Python stack, tries to
     import IPython, and makes three extra py4j round trips; the pipeline
-    builds its plans from about 200 such calls per micro-batch, and the call
+    builds each micro-batch's plans from hundreds of such calls, and the call
     sites would only point into tickwheel's own code.
 
     It keeps up to :data:`CODEGEN_CACHE_ENTRIES` generated classes compiled,

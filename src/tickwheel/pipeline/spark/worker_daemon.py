@@ -4,9 +4,9 @@ Spark starts its Python workers with ``pyspark.zip`` and py4j's source zip
 first on ``PYTHONPATH``. Python cannot cache bytecode for modules imported
 from a zip, so every fresh daemon compiles PySpark's modules from source, and
 so does every worker it forks for the modules it imports after the fork
-(``pyspark.worker`` and what that pulls in): measured with py-spy on a cold
-``tickwheel pipeline run`` of 1e5 orders, about 1 s of CPU before the
-purgatory's first row.
+(``pyspark.worker`` and what that pulls in): on a cold ``tickwheel pipeline
+run``, py-spy shows it before the purgatory's first row (``docs/benchmarks.md``,
+"Cold start").
 
 The installed package (the same PySpark that the driver imports) has its
 bytecode cached, so this module moves the two zips to the end of
