@@ -55,8 +55,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home = Path(pyspark.__file__).parent
     work = tmp_path_factory.mktemp("connect-server")
     port = _free_port()
-    env = subprocess_env()
-    env.pop("JDK_JAVA_OPTIONS")
+    env = subprocess_env()  # its JVM on C1 only, as every JVM of the suite
     env.update(SPARK_HOME=str(home), SPARK_PID_DIR=str(work), SPARK_LOG_DIR=str(work),
                SPARK_IDENT_STRING=f"tickwheel-test-{port}")  # fmt: skip
     conf = {
