@@ -280,12 +280,21 @@ class HadoopStorage:
         self._jvm = jvm
         self._conf = spark.sparkContext._jsc.hadoopConfiguration()
         self._managers: dict[str, Any] = {}  # Spark's CheckpointFileManager, by file system
+        self._classes: dict[str, Any] = {}  # by name: see _class
+
+    def _class(self, name: str) -> Any:
+        """The JVM class ``name``, looked up once: py4j resolves a dotted name one
+        segment at a time, each a round trip and a search of the class path."""
+        found = self._classes.get(name)
+        if found is None:
+            found = self._classes[name] = getattr(self._jvm, name)
+        return found
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("HadoopStorage holds a JVM; it is not shipped to another process")
 
     def _path(self, path: str) -> tuple[Any, Any]:
-        jpath = self._jvm.org.apache.hadoop.fs.Path(path)
+        jpath = self._class("org.apache.hadoop.fs.Path")(path)
         return jpath, jpath.getFileSystem(self._conf)
 
     def exists(self, path: str) -> bool:
@@ -312,11 +321,12 @@ class HadoopStorage:
             if _java_class(exc) == "java.io.FileNotFoundException":
                 raise FileNotFoundError(path) from None
             raise
-        commons = self._jvm.org.apache.commons.io
         try:
             if limit is not None:
-                stream = commons.input.BoundedInputStream(stream, limit)
-            return bytes(commons.IOUtils.toByteArray(stream))
+                stream = self._class("org.apache.commons.io.input.BoundedInputStream")(
+                    stream, limit
+                )
+            return bytes(self._class("org.apache.commons.io.IOUtils").toByteArray(stream))
         finally:
             stream.close()
 
@@ -326,8 +336,10 @@ class HadoopStorage:
         key = f"{uri.getScheme()}://{uri.getAuthority()}"
         manager = self._managers.get(key)
         if manager is None:
-            checkpointing = self._jvm.org.apache.spark.sql.execution.streaming.checkpointing
-            manager = checkpointing.CheckpointFileManager.create(jpath, self._conf)
+            checkpointing = "org.apache.spark.sql.execution.streaming.checkpointing"
+            manager = self._class(f"{checkpointing}.CheckpointFileManager").create(
+                jpath, self._conf
+            )
             self._managers[key] = manager
         return manager
 
@@ -361,14 +373,15 @@ class HadoopStorage:
 
     def parquet_rows(self, directory: str) -> int:
         """parquet-hadoop reads each footer in the JVM (no Spark job). O(files)."""
-        jvm = self._jvm
         total = 0
         for name in self.list_names(directory):
             if not is_data_file(name):
                 continue
             jpath, _ = self._path(join(directory, name))
-            source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(jpath, self._conf)
-            reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(source)
+            source = self._class("org.apache.parquet.hadoop.util.HadoopInputFile").fromPath(
+                jpath, self._conf
+            )
+            reader = self._class("org.apache.parquet.hadoop.ParquetFileReader").open(source)
             try:
                 total += int(reader.getRecordCount())
             finally:
