@@ -18,9 +18,13 @@ each micro-batch as one Parquet file. Counts do not depend on the machine's
 load, so a count from the code before a change, run from its tree with
 ``PYTHONPATH``, compares exactly.
 
+With ``--uri`` the output and the checkpoint are ``file://`` URIs: each storage
+call then goes through Hadoop's ``FileSystem`` in the JVM, as on HDFS or an
+object store.
+
 Run::
 
-    .venv/bin/python benchmarks/bench_micro_batch_calls.py
+    .venv/bin/python benchmarks/bench_micro_batch_calls.py [--uri]
 """
 
 from __future__ import annotations
@@ -81,24 +85,27 @@ def _count_storage(storage: Any, calls: Counter[str]) -> None:
         setattr(storage, name, counted)
 
 
-def _stream_counts(spark: Any, rules: Path, inp: Path, work: Path) -> list[dict[str, Any]]:
+def _stream_counts(
+    spark: Any, rules: Path, inp: Path, work: Path, scheme: str = ""
+) -> list[dict[str, Any]]:
     config = StreamConfig(
-        rules_path=str(rules), input=str(inp), output=str(work / "out"),
-        checkpoint=str(work / "ck"), trigger="available-now", max_files_per_trigger=1,
+        rules_path=str(rules), input=str(inp), output=f"{scheme}{work / 'out'}",
+        checkpoint=f"{scheme}{work / 'ck'}", trigger="available-now", max_files_per_trigger=1,
         partitions=2,
     )  # fmt: skip
     jobs = _job_counter(spark)
     per_batch: list[dict[str, Any]] = []
     with FileStreamJob(config, spark=spark) as job:
         calls: Counter[str] = Counter()
-        _count_storage(job.store.storage, calls)
         runner_call = MicroBatches.__call__
 
         def counting(self: MicroBatches, frame: Any, batch_id: int) -> Any:
-            sink_storage = getattr(job.sink, "storage", None)
-            if sink_storage is not None and not getattr(sink_storage, "_counted", False):
-                _count_storage(sink_storage, calls)
-                sink_storage._counted = True
+            # The checkpoint's and the sink's storage, counted from the first micro-batch
+            # (a URI checkpoint opens when the job runs).
+            for storage in (job.store.storage, getattr(job.sink, "storage", None)):
+                if storage is not None and not getattr(storage, "_counted", False):
+                    _count_storage(storage, calls)
+                    storage._counted = True
             calls.clear()
             files, first_job, started = _files(work), jobs(), time.perf_counter()
             out = runner_call(self, frame, batch_id)
@@ -152,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1000, help="records per file, about")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--jobs", action="store_true", help="name the last batch's jobs")
+    parser.add_argument(
+        "--uri", action="store_true",
+        help="the output and checkpoint at file:// URIs: their storage through Hadoop's "
+        "FileSystem in the JVM, as on HDFS or an object store",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tw-calls-"))
     orders = max(1, round(args.records * args.files / 1.83))  # 1.83 records per order
@@ -160,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     rules = lateness_rules(work / "rules.toml")
     spark = create_session("local[2]", shuffle_partitions=2)
     try:
-        stream = _stream_counts(spark, rules, work / "in", work / "stream")
+        scheme = "file://" if args.uri else ""
+        stream = _stream_counts(spark, rules, work / "in", work / "stream", scheme)
         floor = _floor_counts(spark, work / "in", work / "floor")
     finally:
         spark.stop()
