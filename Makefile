@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-pythons test-pythons-install lint typecheck class-archive pytest pytest-pure pytest-spark bench bench-floors bench-env-pyflink system-deps clean
+.PHONY: demo test test-pythons lint typecheck class-archive pytest pytest-pure pytest-spark bench bench-floors bench-env-pyflink system-deps clean
 
 # The install builds the compiled core (src/tickwheel/_speedups.pyx, which includes
 # one twin per pure module from src/tickwheel/_twins/, and src/tickwheel/pipeline/_loop.pyx)
@@ -97,10 +97,6 @@ class-archive: $(STAMP) system-deps
 # see the script. CI runs it after `make test` (.ci/run).
 test-pythons:
 	@bash scripts/test-pythons.sh
-
-# Their environments only (CI installs them while `make test` runs: .ci/run).
-test-pythons-install:
-	@bash scripts/test-pythons.sh --install-only
 
 # The benchmarks' compiled floors (benchmarks/_floors.pyx: the least C work of a timer,
 # the floor-c rows), built against the compiled core; not part of the package.

@@ -6,9 +6,6 @@
 # own asyncio tests from each one's test package included (CI requires them:
 # .ci/run sets TICKWHEEL_REQUIRE_CPYTHON_TESTS).
 #
-# With --install-only, each interpreter's environment is installed and nothing is
-# tested: .ci/run installs them at the lowest priority while `make test` runs.
-#
 # Interpreters: $PYTHONS (space-separated commands or paths) when set, else each
 # python3.12 … python3.15 on PATH, and each of pyenv's 3.12+ builds, that runs.
 # Each gets its own virtual environment under .venvs/<version>, with the test
@@ -18,10 +15,6 @@
 # classifiers) had none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-install_only=
-if [ "${1:-}" = --install-only ]; then
-    install_only=1
-fi
 
 candidates=()
 if [ -n "${PYTHONS:-}" ]; then
@@ -37,10 +30,12 @@ else
     done
 fi
 
-# Install one interpreter's venv with the test extra, unless a stamp newer than the
-# project's build files says it is done.
-install_one() {
-    local py=$1 venv=$2
+# Install (unless a stamp newer than the project's build files says it is done) and test
+# one interpreter (its venv, the test extra, the library suite); the caller captures its
+# output.
+test_one() {
+    local py=$1 version=$2 venv=".venvs/$2" started=$SECONDS
+    echo "== CPython $version ($py)"
     if [ ! -x "$venv/bin/python" ]; then
         "$py" -m venv "$venv"
     fi
@@ -53,18 +48,6 @@ install_one() {
         "$venv/bin/python" -m pip install --quiet -e '.[test]'
         touch "$stamp"
     fi
-}
-
-# Install (install_one) and test one interpreter (the library suite); the caller
-# captures its output.
-test_one() {
-    local py=$1 version=$2 venv=".venvs/$2" started=$SECONDS
-    echo "== CPython $version ($py)"
-    install_one "$py" "$venv"
-    if [ -n "$install_only" ]; then
-        echo "== CPython $version: $((SECONDS - started)) s (install)"
-        return 0
-    fi
     local rc=0
     # The compiled core must have been built for this interpreter: its tests would
     # otherwise skip, and the wheel's build is not tested here (see below).
@@ -76,7 +59,7 @@ test_one() {
     # tests/test_packaging.py runs once, in `make test`: what it checks is the same on
     # every interpreter (the sdist's and the wheel's files, the fall-back to pure
     # Python without a compiler), and this interpreter's own build of the compiled
-    # core is the install above.
+    # core is the install above. (Here it cost each interpreter about 30 s.)
     "$venv/bin/python" -m pytest -n "${PYTEST_WORKERS:-2}" --dist worksteal --ignore=tests/pipeline \
         --ignore=tests/test_packaging.py -p no:cacheprovider -q || rc=$?
     echo "== CPython $version: $((SECONDS - started)) s (install and tests)"
@@ -122,8 +105,4 @@ if [ ${#failed[@]} -gt 0 ]; then
     echo "test-pythons: failed on ${failed[*]}" >&2
     exit 1
 fi
-if [ -n "$install_only" ]; then
-    echo "test-pythons: installed on${seen% }"
-else
-    echo "test-pythons: passed on${seen% }"
-fi
+echo "test-pythons: passed on${seen% }"
