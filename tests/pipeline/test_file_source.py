@@ -13,11 +13,13 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
+from tickwheel.pipeline.storage import LocalStorage
 from tickwheel.pipeline.stream.file_log import (
     COMPACT_EVERY,
     FileLog,
     list_new_files,
     logged_batch_files,
+    spark_source_batch_files,
 )
 from tickwheel.pipeline.stream.file_source import FilesPartition, OrderedFileReader
 from tickwheel.pipeline.stream.micro_batch import abnormal_batch_warnings
@@ -146,6 +148,60 @@ def test_a_batchs_files_come_from_sparks_offsets_and_the_file_log(tmp_path: Path
     assert [os.path.basename(p) for p in logged_batch_files(str(spark_ck), reader, 3) or []] == [
         "f5"
     ]
+
+
+def _spark_source_log(spark_checkpoint: Path, batches: list[list[tuple[str, int]]]) -> None:
+    """Spark's file source's logs as its streaming engine writes them: each batch's end
+    offset (``logOffset``) and its files (URI, modification time), one log batch each;
+    ``9.compact`` stands for batch 9 and holds batches 0 to 9, as compaction leaves it."""
+    offsets, source = spark_checkpoint / "offsets", spark_checkpoint / "sources" / "0"
+    offsets.mkdir(parents=True)
+    source.mkdir(parents=True)
+    so_far = []
+    for batch_id, files in enumerate(batches):
+        (offsets / str(batch_id)).write_text(
+            'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}\n'
+            + json.dumps({"logOffset": batch_id})
+        )
+        lines = [json.dumps({"path": uri, "timestamp": ms, "batchId": batch_id})
+                 for uri, ms in files]  # fmt: skip
+        so_far += lines
+        name, logged = (f"{batch_id}.compact", so_far) if batch_id == 9 else (str(batch_id), lines)
+        (source / name).write_text("\n".join(["v1", *logged]))
+
+
+def test_a_batchs_files_come_from_sparks_own_file_source_log(tmp_path: Path) -> None:
+    """Where Spark's own file source runs (a URI), batch N's files come from its logs:
+    named as its rows' ``path`` column names them (Hadoop's ``Path.toString``: decoded,
+    ``file:/x`` for ``file:///x``), in (modification time, path) order, a compacted
+    batch included; any log missing or in another form gives None (read the rows)."""
+    ck = tmp_path / "spark"
+    batches: list[list[tuple[str, int]]] = [[] for _ in range(10)]
+    batches[0] = [("file:///in/b.jsonl", 5), ("file:///in/a%20b%25.jsonl", 5), ("file:///in/0", 9)]
+    batches[1] = [("viewfs://cluster/in/x.jsonl", 1)]
+    batches[9] = [("hdfs://nn:8020/in/z", 3)]
+    _spark_source_log(ck, batches)
+
+    def files(batch_id: int) -> list[str] | None:
+        return spark_source_batch_files(str(ck), batch_id, LocalStorage())
+
+    assert files(0) == ["file:/in/a b%.jsonl", "file:/in/b.jsonl", "file:/in/0"]
+    assert files(1) == ["viewfs://cluster/in/x.jsonl"]
+    assert files(9) == ["hdfs://nn:8020/in/z"]  # from 9.compact, which holds 0 to 9
+    assert files(10) is None  # not logged yet
+    assert files(2) == []
+    source = ck / "sources" / "0"
+    for bad in ("v2\n{}", '{"path": "file:///a", "timestamp": 1, "batchId": 2}', "v1\n{",
+                'v1\n{"path": "file:///a?b", "timestamp": 1, "batchId": 2}',
+                'v1\n{"timestamp": 1, "batchId": 2}'):  # fmt: skip
+        (source / "2").write_text(bad)
+        assert files(2) is None, bad
+    (source / "2").unlink()
+    assert files(2) is None  # neither 2 nor 2.compact
+    offsets = ck / "offsets"
+    for bad in ('v1\n{}\n{"taken": 3}', "v1\n{}", 'v1\n{}\n{"logOffset": 0}'):
+        (offsets / "3").write_text(bad)  # the ordered source's, cut, before its start
+        assert files(3) is None, bad
 
 
 def test_offsets_respect_the_read_limit_and_available_now(tmp_path: Path) -> None:

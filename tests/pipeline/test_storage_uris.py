@@ -32,12 +32,14 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules, parse_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.storage import HadoopStorage, LocalStorage, is_uri, join
+from tickwheel.pipeline.stream import file_log
 from tickwheel.pipeline.stream.checkpoint import (
     HEARTBEAT_ENV,
     CheckpointInUse,
     CheckpointOwner,
     StreamError,
 )
+from tickwheel.pipeline.stream.file_input import InputFiles
 from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
@@ -261,18 +263,46 @@ def test_stream_job_at_uris(
 
 @pytest.mark.slow
 def test_stream_job_with_a_local_input_and_a_uri_checkpoint(
-    spark: Any, viewfs: ViewFs, orders: dict[str, Any], tmp_path: Path
+    spark: Any,
+    viewfs: ViewFs,
+    orders: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A local ``--input`` with a URI checkpoint: Spark's file source names the files
-    ``file:/...``, which the job reads as local paths: the reference's rows."""
-    feed(orders["files"], tmp_path / "local-in", 3)
+    ``file:/...``, which the job reads as local paths: the reference's rows. Each
+    micro-batch's files come from Spark's source log, read through the checkpoint's
+    storage, and are the files its rows name, in the same order, a name with a space
+    and a ``%`` included."""
+    for made in feed(orders["files"], tmp_path / "local-in", 3):
+        made.rename(made.with_name(f"{made.stem} 100%.jsonl"))  # its time is kept
+    from_logs: list[list[str] | None] = []
+    from_rows: list[list[str]] = []
+    logged_files = file_log.spark_source_batch_files
+
+    def spied(spark_checkpoint: str, batch_id: int, storage: Any) -> list[str] | None:
+        from_logs.append(logged_files(spark_checkpoint, batch_id, storage))
+        return from_logs[-1]
+
+    def both_ways(files: InputFiles, files_df: Any, batch_id: int, store: Any) -> list[str]:
+        rows = files_df.select("modificationTime", "path").collect()
+        from_rows.append([path for _mtime, path in sorted((r[0], r[1]) for r in rows)])
+        return taken(files, files_df, batch_id, store)
+
+    taken = InputFiles._files
+    monkeypatch.setattr(file_log, "spark_source_batch_files", spied)
+    monkeypatch.setattr(InputFiles, "_files", both_ways)
     config = StreamConfig(
         rules_path=str(orders["rules"]), input=str(tmp_path / "local-in"),
         output=viewfs.uri("out"), checkpoint=viewfs.uri("ck"), partitions=2,
+        max_files_per_trigger=1,
     )  # fmt: skip
     with FileStreamJob(config, spark=spark) as job:
         assert not job.files.ordered_source
-        assert job.run()["batches_run"] == 1
+        assert job.run()["batches_run"] == 3
+    assert from_logs == from_rows and len(from_rows) == 3
+    assert all(len(files) == 1 and files[0].endswith(" 100%.jsonl") for files in from_rows)
+    assert all(files[0].startswith("file:/") for files in from_rows)
     sink = ParquetSink(viewfs.uri("out"), spark)
     compare_with_reference(read_stream_outputs(spark, sink, viewfs.uri("ck")), orders["ref"])
 

@@ -130,21 +130,27 @@ class InputFiles:
         the plan its first attempt wrote, files included."""
 
         def make_plan() -> dict[str, Any]:
-            files = self._files(files_df, batch_id)
+            files = self._files(files_df, batch_id, store)
             return new_plan(batch_id, files=files, input=absolute(self.input),
                             input_format=self.input_format)  # fmt: skip
 
         return self._records(store.plan(batch_id, make_plan), spark)
 
-    def _files(self, files_df: DataFrame, batch_id: int) -> list[str]:
+    def _files(self, files_df: DataFrame, batch_id: int, store: StateStore) -> list[str]:
         """The files of micro-batch ``batch_id``: from the logs, else from its rows.
 
         Spark's file source (a URI) gives its rows, taken here in (modification
-        time, name) order, as the ordered source logs them.
+        time, name) order, as the ordered source logs them; its own log, read
+        through the checkpoint's storage, names the same files in that order.
         """
-        from .file_log import FileLog, logged_batch_files
+        from .file_log import FileLog, logged_batch_files, spark_source_batch_files
 
         if not self.ordered_source:
+            logged = spark_source_batch_files(
+                spark_checkpoint(self.checkpoint), batch_id, store.storage
+            )
+            if logged is not None:
+                return logged
             rows = files_df.select("modificationTime", "path").collect()
             return [path for _mtime, path in sorted((r[0], r[1]) for r in rows)]
         if self._file_log is None:

@@ -7,7 +7,9 @@ Positions are absolute, and the log is compacted as Spark commits batches, so
 its size and the source's memory follow the files that must be remembered,
 not every file ever taken (:class:`FileLog` has the layout). The driver learns
 a micro-batch's files from this log and the offsets Spark logged for the
-batch (:func:`logged_batch_files`), without reading its rows.
+batch (:func:`logged_batch_files`), without reading its rows; where Spark's own
+file source runs instead (a URI), from that source's log
+(:func:`spark_source_batch_files`).
 
 This module imports no pyspark: the checkpoint's status
 (:mod:`.status`) reads the log where Spark is not installed, and the source
@@ -22,7 +24,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from ..storage import fsync_directory
+from ..storage import Storage, fsync_directory, join
 
 __all__ = [
     "COMPACT_EVERY",
@@ -31,6 +33,8 @@ __all__ = [
     "TakenFile",
     "list_new_files",
     "logged_batch_files",
+    "spark_source_batch_files",
+    "spark_source_logged_paths",
 ]
 
 #: The file log's layout version, written in the header of a compacted log.
@@ -406,15 +410,127 @@ def logged_batch_files(spark_checkpoint: str, log: FileLog, batch_id: int) -> li
     return None if files is None else [taken.path for taken in files]
 
 
-def _logged_offset(spark_checkpoint: str, batch_id: int) -> int | None:
-    """``taken`` of the offset Spark logged for ``batch_id`` (0 before the first)."""
+def _logged_offset(
+    spark_checkpoint: str,
+    batch_id: int,
+    key: str = "taken",
+    before_first: int = 0,
+    read: Callable[[str], bytes] | None = None,
+) -> int | None:
+    """``key`` of the one source's offset Spark logged for ``batch_id`` (``before_first``
+    before the first batch), read with ``read`` (default: a local file)."""
     if batch_id < 0:
-        return 0
+        return before_first
     try:
-        with open(os.path.join(spark_checkpoint, "offsets", str(batch_id)), "rb") as fh:
-            lines = fh.read().decode("utf-8").splitlines()
+        path = join(spark_checkpoint, "offsets", str(batch_id))
+        lines = (read or _read_local)(path).decode("utf-8").splitlines()
         offset = json.loads(lines[2]) if len(lines) == 3 and lines[0] == "v1" else None
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-    taken = offset.get("taken") if isinstance(offset, dict) else None
-    return taken if type(taken) is int and taken >= 0 else None
+    value = offset.get(key) if isinstance(offset, dict) else None
+    return value if type(value) is int and value >= before_first else None
+
+
+def _read_local(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+# -- Spark's own file source's log (where its source runs: an input or checkpoint at a URI)
+
+
+def spark_source_batch_files(
+    spark_checkpoint: str, batch_id: int, storage: Storage
+) -> list[str] | None:
+    """The files Spark's own file source gave micro-batch ``batch_id``, as the rows'
+    ``path`` column names them, in (modification time, path) order, from its logs.
+
+    Spark logs the batch's end offset in ``offsets/<batch_id>``
+    (``{"logOffset": n}``; the start is the previous batch's end), and the
+    source's batch ``n`` in ``sources/0/<n>``, or in ``<n>.compact``, which holds
+    every batch up to ``n``: a JSON line per file, its URI and modification time.
+    Both are read through ``storage``, the checkpoint's, so the driver knows the
+    files without a Spark job over the batch's rows. None when a log is missing
+    or not in this form: then read the rows. O(the batch's files), or a
+    compacted log's when the batch's own is gone.
+    """
+    start = _logged_offset(spark_checkpoint, batch_id - 1, "logOffset", -1, storage.read_bytes)
+    end = _logged_offset(spark_checkpoint, batch_id, "logOffset", -1, storage.read_bytes)
+    if start is None or end is None or end < start:
+        return None
+    source_log = join(spark_checkpoint, "sources", "0")
+    files: list[tuple[int, str]] = []
+    for log_batch in range(start + 1, end + 1):
+        entries = _source_log_batch(storage, source_log, log_batch)
+        if entries is None:
+            return None
+        try:
+            files += [
+                (int(e["timestamp"]), _hadoop_path_text(str(e["path"])))
+                for e in entries
+                if e["batchId"] == log_batch
+            ]
+        except (KeyError, TypeError, ValueError):
+            return None
+    return [path for _mtime, path in sorted(files)]
+
+
+def spark_source_logged_paths(storage: Storage, source_log: str) -> list[str] | None:
+    """Every file Spark's file source logged in ``source_log`` (``CK/spark/sources/0``),
+    as its log names them: the newest ``N.compact`` (every entry up to batch N)
+    and the batch files after it. None when the log is not a file source's
+    (Kafka's offsets, say). O(files logged)."""
+    batches: dict[int, str] = {}
+    for name in storage.list_names(source_log):
+        stem = name[: -len(".compact")] if name.endswith(".compact") else name
+        if stem.isdigit() and not name.startswith("."):
+            batches[int(stem)] = name
+    compacts = [b for b, n in batches.items() if n.endswith(".compact")]
+    start = max(compacts, default=min(batches, default=0))
+    paths: list[str] = []
+    for batch in sorted(b for b in batches if b >= start):
+        entries = _source_log_entries(storage.read_bytes(join(source_log, batches[batch])))
+        if entries is None:
+            return None
+        paths += [str(e["path"]) for e in entries]
+    return paths
+
+
+def _source_log_batch(
+    storage: Storage, source_log: str, log_batch: int
+) -> list[dict[str, Any]] | None:
+    """The entries of the file ``log_batch`` is in: its own, else ``<log_batch>.compact``."""
+    for name in (str(log_batch), f"{log_batch}.compact"):
+        try:
+            return _source_log_entries(storage.read_bytes(join(source_log, name)))
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _source_log_entries(data: bytes) -> list[dict[str, Any]] | None:
+    """A source log file's entries: a version line, then a JSON object per file with
+    its ``path``. None in any other form."""
+    try:
+        lines = data.decode("utf-8").splitlines()
+        entries = [json.loads(line) for line in lines[1:] if line.strip()]
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not lines or not lines[0].startswith("v"):
+        return None
+    if not all(isinstance(e, dict) and "path" in e for e in entries):
+        return None
+    return entries
+
+
+def _hadoop_path_text(uri: str) -> str:
+    """A URI as Hadoop's ``Path.toString`` gives it (Spark's ``path`` column): decoded,
+    and ``scheme:/path`` when the authority is empty (``file:///x`` is ``file:/x``)."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(uri)
+    if parts.query or parts.fragment:  # a URI Spark writes has neither: '?' and '#' are escaped
+        raise ValueError(uri)
+    scheme = f"{parts.scheme}:" if parts.scheme else ""
+    authority = f"//{parts.netloc}" if parts.netloc else ""
+    return scheme + authority + unquote(parts.path)

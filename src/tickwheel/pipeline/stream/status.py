@@ -21,7 +21,6 @@ age of its last heartbeat.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -324,14 +323,14 @@ def _taken_files(
     source takes a file it does not remember and that is not below the age limit
     its log records (``maxFileAge``); Spark's, a file not in its log. All None
     without a log of either."""
+    from .file_log import FileLog, spark_source_logged_paths
+
     log_path = join(root, "files.log")
     if storage.exists(log_path):
-        from .file_log import FileLog
-
         log = FileLog.from_bytes(storage.read_bytes(log_path))
         return "tickwheel", log.end, log.take_rule()
     spark_log = join(top, "spark", "sources", "0")
-    paths = _spark_source_paths(storage, spark_log) if storage.exists(spark_log) else None
+    paths = spark_source_logged_paths(storage, spark_log) if storage.exists(spark_log) else None
     if paths is None:
         return None, None, None
     seen = {_normal(p) for p in paths}
@@ -346,32 +345,6 @@ def listable(input: str) -> bool:
     """A URI, or an absolute path: a relative one (as a job may record it) names a
     directory relative to where that job ran, which is not known here."""
     return is_uri(input) or os.path.isabs(input)
-
-
-def _spark_source_paths(storage: Storage, directory: str) -> list[str] | None:
-    """The files Spark's file source logged (``sources/0``: batch files, and every
-    tenth batch's ``N.compact`` holding every entry up to it). None when the log
-    is not a file source's (Kafka's offsets, say)."""
-    batches: dict[int, str] = {}
-    for name in storage.list_names(directory):
-        stem = name[: -len(".compact")] if name.endswith(".compact") else name
-        if stem.isdigit() and not name.startswith("."):
-            batches[int(stem)] = name
-    compacts = [b for b, n in batches.items() if n.endswith(".compact")]
-    start = max(compacts, default=min(batches, default=0))
-    paths: list[str] = []
-    for batch in sorted(b for b in batches if b >= start):
-        lines = storage.read_bytes(join(directory, batches[batch])).decode("utf-8").splitlines()
-        if not lines or not lines[0].startswith("v"):
-            return None
-        for line in lines[1:]:
-            if not line.strip():
-                continue
-            entry = json.loads(line)
-            if not isinstance(entry, dict) or "path" not in entry:
-                return None
-            paths.append(str(entry["path"]))
-    return paths
 
 
 def _input_files(input: str, spark: SparkSession | None) -> Iterable[tuple[str, int, int]]:
