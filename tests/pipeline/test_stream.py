@@ -204,8 +204,8 @@ class _FilesCheckedJob(FileStreamJob):
         super().__init__(*args, **kw)
         listed_by_logs = self.files._files
 
-        def files(files_df: Any, batch_id: int) -> list[str]:
-            listed = listed_by_logs(files_df, batch_id)
+        def files(files_df: Any, batch_id: int, store: Any) -> list[str]:
+            listed = listed_by_logs(files_df, batch_id, store)
             self.seen.append((listed, [r["path"] for r in files_df.collect()]))
             return listed
 
