@@ -84,12 +84,13 @@ class BatchSink(Protocol):
 SinkFunction = Callable[[Mapping[str, "DataFrame"], int], object]
 
 
-def write_empty_parquet(storage: Storage, directory: str, schema: StructType) -> None:
-    """A new table directory holding one Parquet file of ``schema`` and no rows. O(columns)."""
+def write_empty_parquet(storage: Storage, directory: str, schema: StructType) -> str:
+    """A new table directory holding one Parquet file of ``schema`` and no rows; the
+    file's name. O(columns)."""
     import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from ..spark.frames import write_arrow_parquet
 
     empty = pa.Table.from_batches([], schema=to_arrow_schema(schema))
-    write_arrow_parquet(empty, directory, storage)
+    return write_arrow_parquet(empty, directory, storage)

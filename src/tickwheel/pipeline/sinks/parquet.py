@@ -120,24 +120,34 @@ class ParquetSink:
         from ..spark.frames import write_parquet
 
         staging = self._staging(batch_id, attempt.tag)
+        # The files of each table: those the driver wrote, named as it wrote them; Spark's
+        # writer names its own, so those tables' directories are listed.
+        files: dict[str, list[str] | None] = {}
         for name in empty:  # no Spark job: an empty file of the table's schema
-            write_empty_parquet(self.storage, join(staging, name), tables[name].schema)
+            files[name] = [write_empty_parquet(self.storage, join(staging, name),
+                                               tables[name].schema)]  # fmt: skip
             if on_table is not None:
                 on_table(name)
         written = {name: df for name, df in tables.items() if name not in empty}
 
-        def write(table: str, df: DataFrame) -> str:
-            write_parquet(df, join(staging, table), in_driver=small, storage=self.storage)
-            return table
+        def write(table: str, df: DataFrame) -> tuple[str, list[str] | None]:
+            return table, write_parquet(df, join(staging, table), in_driver=small,
+                                        storage=self.storage)  # fmt: skip
 
         with ThreadPoolExecutor(max_workers=max(1, len(written))) as pool:
             futures = [pool.submit(write, table, df) for table, df in written.items()]
             for future in as_completed(futures):
-                table = future.result()
+                table, files[table] = future.result()
                 if on_table is not None:
                     on_table(table)
-        files = {table: self._parquet_names(join(staging, table)) for table in sorted(tables)}
-        return {"attempt": attempt.tag, "tables": files}
+        return {
+            "attempt": attempt.tag,
+            "tables": {
+                table: sorted(names) if names is not None
+                else self._parquet_names(join(staging, table))
+                for table, names in sorted(files.items())
+            },
+        }  # fmt: skip
 
     def _parquet_names(self, directory: str) -> list[str]:
         return sorted(n for n in self.storage.list_names(directory) if is_data_file(n))

@@ -170,7 +170,7 @@ def union_all(frames: list[DataFrame], allow_missing: bool = False) -> DataFrame
 
 def write_parquet(
     frame: DataFrame, directory: str, *, in_driver: bool = False, storage: Storage | None = None
-) -> None:
+) -> list[str] | None:
     """Write ``frame``'s rows as Parquet files in ``directory``, which must not exist.
 
     By default Spark's writer does it: one job, a file per partition, and
@@ -181,16 +181,20 @@ def write_parquet(
     cheaper for a small table, and for a small table only, since every row
     passes through the driver's memory. Either way the files hold the same
     rows under the same column names and Spark types.
+
+    Returns the names of the files written when the driver wrote them; None
+    when Spark's writer did (list ``directory`` for them).
     """
     if not in_driver:
         frame.write.mode("error").parquet(directory)  # "errorifexists": not on Connect
-        return
-    write_arrow_parquet(to_arrow(frame), directory, storage)
+        return None
+    return [write_arrow_parquet(to_arrow(frame), directory, storage)]
 
 
-def write_arrow_parquet(table: Any, directory: str, storage: Storage | None = None) -> None:
+def write_arrow_parquet(table: Any, directory: str, storage: Storage | None = None) -> str:
     """``table`` (Arrow) as one Parquet file in the new ``directory``, through ``storage``
-    (default: a local path), seen whole or not at all (:meth:`~..storage.Storage.create`)."""
+    (default: a local path), seen whole or not at all (:meth:`~..storage.Storage.create`);
+    the file's name."""
     import pyarrow as pa
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
@@ -204,3 +208,4 @@ def write_arrow_parquet(table: Any, directory: str, storage: Storage | None = No
     # a name of its own, as Spark's writer gives each file: a replay never reuses a path
     name = f"part-00000-{uuid.uuid4()}-driver.parquet"
     target.create(join(directory, name), buffer.getvalue().to_pybytes())
+    return name

@@ -223,11 +223,11 @@ class StateStore:
         assert self.token is not None
         create_json(self.storage, path, Fence(self.token, Stamp.now(self.token)).to_json())
 
-    def _claim(self, batch_id: int) -> str:
-        """The slot of batch ``batch_id`` this owner may commit in, fencing a slot an
-        older owner fenced (:class:`CheckpointFenced` if a newer one did, or if the
-        batch is committed already: only a newer owner commits past our fence).
-        O(chain) reads."""
+    def _claim(self, batch_id: int) -> tuple[str, Fence | None]:
+        """The slot of batch ``batch_id`` this owner may commit in, and the last fence
+        before it, fencing a slot an older owner fenced (:class:`CheckpointFenced` if
+        a newer one did, or if the batch is committed already: only a newer owner
+        commits past our fence). O(chain) reads."""
         while True:
             commit, path, fence = self._resolve(batch_id)
             if commit is not None:
@@ -237,7 +237,7 @@ class StateStore:
                 raise StreamError(f"checkpoint {checkpoint_of(self.root)}: batch "
                                   f"{batch_id} is committed already")  # fmt: skip
             if fence is None or self.token is None or fence.token == self.token:
-                return path
+                return path, fence
             if fence.token > self.token:
                 raise self._fenced(fence.token, fence.host)
             with contextlib.suppress(FileExistsError):  # an older owner's fence: ours on it
@@ -275,12 +275,13 @@ class StateStore:
         self.check_owner()
         stamped = commit.stamped(self.token)
         while True:
-            path = self._claim(commit.batch_id)
+            path, fence = self._claim(commit.batch_id)
             try:
                 create_json(self.storage, path, stamped.to_json())
             except FileExistsError:  # a fence or a commit came first: look again
                 continue
             self._listed_too(self.commits, path.rsplit("/", 1)[-1])
+            self._known[commit.batch_id] = (stamped, path, fence)  # as a read would find it
             self._listed_too(self.state, str(commit.batch_id))
             return stamped
 
