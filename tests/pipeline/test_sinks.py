@@ -79,6 +79,25 @@ def _round_trip(spark: Any, sink: Any) -> None:
     assert late is not None and late.count() == 1
 
 
+@pytest.mark.parametrize("small", [False, True], ids=["spark-writer", "driver"])
+def test_parquet_stage_names_exactly_the_files_it_wrote(
+    spark: Any, tmp_path: Path, small: bool
+) -> None:
+    """Whoever writes a staged table (Spark's writer, or the driver, whose files the sink
+    names without listing them), the staged names are the data files in each table's
+    staging directory, an empty table's included, and the commit publishes their rows."""
+    sink = ParquetSink(str(tmp_path / "out"))
+    tables = {"outcomes": _frame(spark, 3, "a"), "late": _frame(spark, 0, "x")}
+    staged = sink.stage(0, tables, Attempt.new(1), empty=["late"], small=small)
+    directory = tmp_path / "out" / "_staging" / "0" / staged["attempt"]
+    for table in tables:
+        on_disk = sorted(p.name for p in (directory / table).glob("*.parquet"))
+        assert staged["tables"][table] == on_disk and on_disk, table
+    assert sink.commit(0, staged) is True
+    back = sink.read_table(spark, "outcomes")
+    assert back is not None and sorted(r.key for r in back.collect()) == ["a0", "a1", "a2"]
+
+
 def test_parquet_sink_round_trip(spark: Any, tmp_path: Path) -> None:
     """Staged files moved into place and named in Spark's file sink log; an attempt
     that was not published is never read, and is dropped by the owner's clean."""
