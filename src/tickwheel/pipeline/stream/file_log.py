@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from ..storage import Storage, fsync_directory, join
+from ..storage import LocalStorage, Storage, fsync_directory, join
 
 __all__ = [
     "COMPACT_EVERY",
@@ -398,42 +398,42 @@ def logged_batch_files(spark_checkpoint: str, log: FileLog, batch_id: int) -> li
     ``log`` does not hold the slice they say: then read the rows. O(1) plus
     the log's new entries.
     """
-    start, end = (
-        _logged_offset(spark_checkpoint, batch_id - 1),
-        _logged_offset(spark_checkpoint, batch_id),
-    )
-    if start is None or end is None:
+    logged = _logged_range(LocalStorage(), spark_checkpoint, batch_id, "taken", 0)
+    if logged is None:
         return None
+    start, end = logged
     if end > log.end:
         log.refresh()
     files = log.files(start, end)
     return None if files is None else [taken.path for taken in files]
 
 
+def _logged_range(
+    storage: Storage, spark_checkpoint: str, batch_id: int, key: str, before_first: int
+) -> tuple[int, int] | None:
+    """(start, end) of the one source's offsets for ``batch_id``: ``key`` of the offset
+    Spark logged for the batch before (``before_first`` for the first batch), and
+    for the batch itself. None unless both are logged in this form, in order."""
+    start = _logged_offset(storage, spark_checkpoint, batch_id - 1, key, before_first)
+    end = _logged_offset(storage, spark_checkpoint, batch_id, key, before_first)
+    return None if start is None or end is None or end < start else (start, end)
+
+
 def _logged_offset(
-    spark_checkpoint: str,
-    batch_id: int,
-    key: str = "taken",
-    before_first: int = 0,
-    read: Callable[[str], bytes] | None = None,
+    storage: Storage, spark_checkpoint: str, batch_id: int, key: str, before_first: int
 ) -> int | None:
     """``key`` of the one source's offset Spark logged for ``batch_id`` (``before_first``
-    before the first batch), read with ``read`` (default: a local file)."""
+    before the first batch), read through ``storage``."""
     if batch_id < 0:
         return before_first
     try:
-        path = join(spark_checkpoint, "offsets", str(batch_id))
-        lines = (read or _read_local)(path).decode("utf-8").splitlines()
+        data = storage.read_bytes(join(spark_checkpoint, "offsets", str(batch_id)))
+        lines = data.decode("utf-8").splitlines()
         offset = json.loads(lines[2]) if len(lines) == 3 and lines[0] == "v1" else None
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     value = offset.get(key) if isinstance(offset, dict) else None
     return value if type(value) is int and value >= before_first else None
-
-
-def _read_local(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
 
 
 # -- Spark's own file source's log (where its source runs: an input or checkpoint at a URI)
@@ -454,10 +454,10 @@ def spark_source_batch_files(
     or not in this form: then read the rows. O(the batch's files), or a
     compacted log's when the batch's own is gone.
     """
-    start = _logged_offset(spark_checkpoint, batch_id - 1, "logOffset", -1, storage.read_bytes)
-    end = _logged_offset(spark_checkpoint, batch_id, "logOffset", -1, storage.read_bytes)
-    if start is None or end is None or end < start:
+    logged = _logged_range(storage, spark_checkpoint, batch_id, "logOffset", -1)
+    if logged is None:
         return None
+    start, end = logged
     source_log = join(spark_checkpoint, "sources", "0")
     files: list[tuple[int, str]] = []
     for log_batch in range(start + 1, end + 1):
