@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml setup.py $(CYTHON_SOURCES)
 	$(BIN)/python -m pip install --quiet -r $(VENV)/requirements.txt & packages=$$!; \
 		$(BIN)/python -m pip install --quiet --no-deps -e .; built=$$?; \
 		wait $$packages && test $$built = 0
+	@# Bytecode for the editable tree, as pip writes it for an installed package: where
+	@# PYTHONDONTWRITEBYTECODE is set, each process (every Spark worker among them)
+	@# would otherwise compile the modules it imports, every time.
+	$(BIN)/python -m compileall -q src tests benchmarks examples > /dev/null
 	@touch $(STAMP)
 
 # Spark needs Java 17, the JDBC sinks Debian's SQLite and PostgreSQL jars, and the

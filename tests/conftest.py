@@ -15,10 +15,28 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules that hold slow tests first, each module's tests kept together.
+    """Each half of the run starts with its share of the slow modules.
 
-    pytest-xdist hands out tests in this order: a slow one that starts last keeps
-    one worker busy while the other has nothing left, so they start first.
+    pytest-xdist's work stealing hands the first half of this order to one
+    worker and the second half to the other, and a worker that runs dry takes
+    tests from the end of the other's queue. So the modules that hold slow
+    tests are dealt to the two halves in turn (the one with fewer slow tests so
+    far takes the next), each half ending with fast modules: the tests left to
+    take at the end are short, and neither worker waits alone on a long one.
+    Each module's tests stay together, for its fixtures.
     """
-    slow = {getattr(i, "module", None) for i in items if i.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: getattr(item, "module", None) not in slow)
+    modules: dict[object, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(getattr(item, "module", None), []).append(item)
+    slow = {m: sum(i.get_closest_marker("slow") is not None for i in g) for m, g in modules.items()}
+    halves: tuple[list[pytest.Item], list[pytest.Item]] = ([], [])
+    dealt = [0, 0]
+    for module in (m for m in modules if slow[m]):
+        fewer = dealt.index(min(dealt))
+        halves[fewer].extend(modules[module])
+        dealt[fewer] += slow[module]
+    first_half = len(items) // 2
+    for module in (m for m in modules if not slow[m]):
+        short = 0 if len(halves[0]) + len(modules[module]) <= first_half else 1
+        halves[short].extend(modules[module])
+    items[:] = [*halves[0], *halves[1]]
