@@ -47,7 +47,7 @@ test_one() {
         # (PEP 660, pip 21.3+): no upgrade first.
         "$venv/bin/python" -m pip install --quiet -e '.[test]'
         # Bytecode for the editable tree, as `make` writes it for .venv (see the Makefile).
-        "$venv/bin/python" -m compileall -q src tests > /dev/null
+        "$venv/bin/python" -m compileall -q src tests benchmarks examples > /dev/null
         touch "$stamp"
     fi
     local rc=0
