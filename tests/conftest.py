@@ -37,6 +37,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         dealt[fewer] += slow[module]
     first_half = len(items) // 2
     for module in (m for m in modules if not slow[m]):
-        short = 0 if len(halves[0]) + len(modules[module]) <= first_half else 1
-        halves[short].extend(modules[module])
+        half = 0 if len(halves[0]) + len(modules[module]) <= first_half else 1
+        halves[half].extend(modules[module])
     items[:] = [*halves[0], *halves[1]]
