@@ -73,7 +73,7 @@ def test_run_parameters_change_no_generated_code_and_run_no_job(spark: Any) -> N
     rows = spark.range(1000).selectExpr("id", "id % 10 AS t")
 
     def query(low: int | None, high: int | None) -> Any:
-        bounded = with_parameters(rows, run_parameters(spark, low=low, high=high))
+        bounded = with_parameters(rows, run_parameters(low=low, high=high))
         low_, high_ = parameter_name("low"), parameter_name("high")
         kept = bounded.where(f"t >= {low_} AND (t < {high_} OR {high_} IS NULL)")
         return kept.repartition(2, "id").groupBy("t").count().orderBy("t")
@@ -98,7 +98,7 @@ def test_run_parameters_change_no_generated_code_and_run_no_job(spark: Any) -> N
 
 def test_run_parameters_are_longs_and_null_for_none(spark: Any) -> None:
     """Values beyond 32 bits and None read back as given, in columns named by parameter_name."""
-    params = run_parameters(spark, w=2**53 + 1, limit=None)
+    params = run_parameters(w=2**53 + 1, limit=None)
     assert list(params) == [parameter_name("w"), parameter_name("limit")]
     frame = with_parameters(spark.range(2), params)
     assert [f.dataType.simpleString() for f in frame.schema.fields[1:]] == ["bigint", "bigint"]

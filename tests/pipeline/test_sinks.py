@@ -79,16 +79,19 @@ def _round_trip(spark: Any, sink: Any) -> None:
     assert late is not None and late.count() == 1
 
 
-@pytest.mark.parametrize("small", [False, True], ids=["spark-writer", "driver"])
+@pytest.mark.parametrize("arrow", [False, True], ids=["spark-writer", "driver"])
 def test_parquet_stage_names_exactly_the_files_it_wrote(
-    spark: Any, tmp_path: Path, small: bool
+    spark: Any, tmp_path: Path, arrow: bool
 ) -> None:
-    """Whoever writes a staged table (Spark's writer, or the driver, whose files the sink
-    names without listing them), the staged names are the data files in each table's
-    staging directory, an empty table's included, and the commit publishes their rows."""
+    """Whoever writes a staged table (Spark's writer for a frame, or the driver for an
+    Arrow table, whose files the sink names without listing them), the staged names
+    are the data files in each table's staging directory, an empty table's included,
+    and the commit publishes their rows."""
     sink = ParquetSink(str(tmp_path / "out"))
     tables = {"outcomes": _frame(spark, 3, "a"), "late": _frame(spark, 0, "x")}
-    staged = sink.stage(0, tables, Attempt.new(1), empty=["late"], small=small)
+    if arrow:
+        tables = {name: frame.toArrow() for name, frame in tables.items()}
+    staged = sink.stage(0, tables, Attempt.new(1), empty=["late"])
     directory = tmp_path / "out" / "_staging" / "0" / staged["attempt"]
     for table in tables:
         on_disk = sorted(p.name for p in (directory / table).glob("*.parquet"))
@@ -311,9 +314,10 @@ def test_tables_known_empty_get_no_write_but_exist(spark: Any, tmp_path: Path) -
 def test_write_parquet_writes_the_same_rows_and_types_either_way(
     spark: Any, tmp_path: Path, in_driver: bool
 ) -> None:
-    """Spark's writer or the driver's pyarrow: the same rows, read back with the
-    frame's own column types (nulls, bytes and epoch-ms longs included); a
-    second write into the same directory is refused, never an overwrite."""
+    """Spark's writer (a frame) or the driver's pyarrow (an Arrow table): the same rows,
+    read back with the frame's own column types (nulls, bytes and epoch-ms longs
+    included); a second write into the same directory is refused, never an
+    overwrite."""
     from pyspark.errors import AnalysisException
 
     from tickwheel.pipeline.spark.frames import write_parquet
@@ -325,9 +329,10 @@ def test_write_parquet_writes_the_same_rows_and_types_either_way(
     ]
     frame = spark.createDataFrame(rows, schema)
     out = tmp_path / "table"
-    write_parquet(frame, str(out), in_driver=in_driver)
+    write_parquet(frame.toArrow() if in_driver else frame, str(out))
+    again = spark.createDataFrame(rows[:1], schema)
     with pytest.raises((FileExistsError, AnalysisException)):
-        write_parquet(spark.createDataFrame(rows[:1], schema), str(out), in_driver=in_driver)
+        write_parquet(again.toArrow() if in_driver else again, str(out))
     back = spark.read.parquet(str(out))  # the types inferred from the files
     assert [(f.name, f.dataType) for f in back.schema] == [
         (f.name, f.dataType) for f in frame.schema

@@ -160,12 +160,11 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
     driver_rows: int | None,
 ) -> None:
     """Each micro-batch here (about 150 records) is below the default DRIVER_ROWS:
-    the driver runs its purgatory (no shuffle, no Python worker) and holds its
-    classified records, collected by the job that counts them. With DRIVER_ROWS at
-    10, Spark's partitions run it and
-    nothing is held; the driver still writes the tables (one partition). The
-    outputs of 5 micro-batches are the reference's either way."""
-    from tickwheel.pipeline.spark import frames, partition, placement, step
+    the driver runs its purgatory (no shuffle, no Python worker) on the records its
+    one job collected, and writes its tables. With DRIVER_ROWS at 10, Spark's
+    partitions run it and Spark's writer writes them. The outputs of 5
+    micro-batches are the reference's either way."""
+    from tickwheel.pipeline.spark import partition, placement, step
 
     held = driver_rows is None
     if not held:
@@ -178,20 +177,16 @@ def test_a_micro_batch_below_driver_rows_runs_its_partition_in_the_driver(
 
     def counted_driver_partition(*args: Any, **kw: Any) -> Any:
         runs.append("driver")
-        return partition.run_partition_on_arrow(*args, **kw)
-
-    def counted_copy(frame: Any, collected: Any = None) -> Any:
-        runs.append("copy" if collected is None else "collected while counted")
-        return frames.driver_copy(frame, collected)
+        return partition.run_partition(*args, **kw)
 
     monkeypatch.setattr(step, "run_partitions", counted_spark_partitions)
-    monkeypatch.setattr(step, "run_partition_on_arrow", counted_driver_partition)
-    monkeypatch.setattr(step, "driver_copy", counted_copy)
+    monkeypatch.setattr(step, "run_partition", counted_driver_partition)
     feed(orders["files"], tmp_path / "in", 5)
     summary = _run(spark, tmp_path, orders["rules"], partitions=2, max_files_per_trigger=1)
     assert summary["batches_run"] == 5
-    assert runs == (["collected while counted", "driver"] if held else ["spark"]) * 5
-    assert {m["written_by"] for m in _committed_metas(tmp_path)} == {"driver"}
+    assert runs == (["driver"] if held else ["spark"]) * 5
+    written_by = {m["written_by"] for m in _committed_metas(tmp_path)}
+    assert written_by == ({"driver"} if held else {"spark"})
     compare_with_reference(summary["outputs"], orders["ref"])
 
 

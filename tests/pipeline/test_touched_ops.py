@@ -148,7 +148,7 @@ def _made(out: Any) -> Any:
 
     if out is None:
         return OPS_SCHEMA.empty_table()
-    return _next_ops(out.filter(pc.invert(pc.fill_null(out["unchanged"], False))))
+    return _next_ops(out.filter(pc.equal(out["change"], "added")))
 
 
 def _results(out: Any) -> dict[str, Counter[tuple[Any, ...]]]:

@@ -54,7 +54,6 @@ class BatchSink(Protocol):
         attempt: Attempt,
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
-        small: bool = False,
     ) -> Mapping[str, Any] | None:
         """Write the batch's rows out of readers' sight, under names of ``attempt``'s own
         (no other attempt's files are touched); return what was staged, as JSON values.
@@ -62,8 +61,9 @@ class BatchSink(Protocol):
         ``on_table(name)`` is called after each table is written (progress, tests).
         ``empty`` names tables known to have no rows: the sink writes none of
         them (no Spark job), and still has each table once it has been declared.
-        ``small`` says every table is small enough to collect to the driver,
-        which a sink may do rather than run Spark's writer.
+        A sink whose class sets ``accepts_arrow = True`` gets the tables of a
+        micro-batch run in the driver as pyarrow Tables, which it writes from the
+        driver; any other sink gets DataFrames (local relations of those rows).
         """
 
     def commit(self, batch_id: int, staged: Mapping[str, Any] | None) -> bool:

@@ -47,7 +47,6 @@ class FunctionSink:
         attempt: Attempt,
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
-        small: bool = False,
     ) -> None:
         """Call the function with the batch's tables (every one, empty or not)."""
         self.fn(dict(tables), batch_id)

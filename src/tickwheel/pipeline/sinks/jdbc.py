@@ -216,7 +216,6 @@ class JdbcSink:
         attempt: Attempt,
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
-        small: bool = False,  # Spark's JDBC writer inserts from the executors either way
     ) -> dict[str, Any]:
         """Append the batch's rows to the staging tables through Spark's JDBC writer,
         marked with ``attempt``'s tag; return the tag and the tables.

@@ -22,6 +22,7 @@ from .base import BATCH_ID, SinkError, write_empty_parquet
 from .file_sink_log import FileSinkLog, SinkFile
 
 if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import DataFrame, SparkSession
 
     from ..attempt import Attempt
@@ -96,50 +97,55 @@ class ParquetSink:
         batch = join(self.root, STAGING_DIR, str(batch_id))
         return batch if tag is None else join(batch, tag)
 
+    #: :meth:`stage` takes Arrow tables too (a micro-batch run in the driver gives them).
+    accepts_arrow = True
+
     def stage(
         self,
         batch_id: int,
-        tables: Mapping[str, DataFrame],
+        tables: Mapping[str, DataFrame | pa.Table],
         attempt: Attempt,
         on_table: Callable[[str], None] | None = None,
         empty: Collection[str] = (),
-        small: bool = False,
     ) -> dict[str, Any]:
         """Write each table in ``_staging/N/<attempt>/<table>/``; return the files written.
 
-        The tables are written by concurrent Spark jobs (one thread each): a
-        micro-batch's tables are small, so their fixed per-job costs dominate and
-        overlap. With ``small``, each is collected and written by the driver
-        instead (:func:`~..spark.frames.write_parquet`), which skips Hadoop's
-        commit protocol. ``on_table`` is called as each one finishes. A table
-        in ``empty`` gets an empty Parquet file of its schema, written here
-        without a Spark job. O(tables) jobs.
+        An Arrow table (a micro-batch run in the driver) is written by the driver,
+        one file with pyarrow (:func:`~..spark.frames.write_parquet`), which skips
+        Hadoop's commit protocol. Frames are written by concurrent Spark jobs (one
+        thread each): a micro-batch's tables are small, so their fixed per-job costs
+        dominate and overlap. A frame in ``empty`` gets an empty Parquet file of its
+        schema, written here without a Spark job. ``on_table`` is called as each
+        table is written. O(tables) files.
         """
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
-        from ..spark.frames import write_parquet
+        from ..spark.frames import is_arrow, write_parquet
 
         staging = self._staging(batch_id, attempt.tag)
         # The files of each table: those the driver wrote, named as it wrote them; Spark's
         # writer names its own, so those tables' directories are listed.
         files: dict[str, list[str] | None] = {}
-        for name in empty:  # no Spark job: an empty file of the table's schema
-            files[name] = [write_empty_parquet(self.storage, join(staging, name),
-                                               tables[name].schema)]  # fmt: skip
+
+        def write(table: str, rows: DataFrame | pa.Table) -> tuple[str, list[str] | None]:
+            if table in empty and not is_arrow(rows):  # no Spark job
+                return table, [write_empty_parquet(self.storage, join(staging, table),
+                                                   rows.schema)]  # fmt: skip
+            return table, write_parquet(rows, join(staging, table), self.storage)
+
+        by_spark = {n: t for n, t in tables.items() if not is_arrow(t)}
+        for name in (n for n in tables if n not in by_spark or n in empty):
+            files[name] = write(name, tables[name])[1]
             if on_table is not None:
                 on_table(name)
-        written = {name: df for name, df in tables.items() if name not in empty}
-
-        def write(table: str, df: DataFrame) -> tuple[str, list[str] | None]:
-            return table, write_parquet(df, join(staging, table), in_driver=small,
-                                        storage=self.storage)  # fmt: skip
-
-        with ThreadPoolExecutor(max_workers=max(1, len(written))) as pool:
-            futures = [pool.submit(write, table, df) for table, df in written.items()]
-            for future in as_completed(futures):
-                table, files[table] = future.result()
-                if on_table is not None:
-                    on_table(table)
+        written = {name: df for name, df in by_spark.items() if name not in empty}
+        if written:
+            with ThreadPoolExecutor(max_workers=len(written)) as pool:
+                futures = [pool.submit(write, table, df) for table, df in written.items()]
+                for future in as_completed(futures):
+                    table, files[table] = future.result()
+                    if on_table is not None:
+                        on_table(table)
         return {
             "attempt": attempt.tag,
             "tables": {

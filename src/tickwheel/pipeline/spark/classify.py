@@ -22,13 +22,9 @@ struct's equality.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from .frames import parameter_name, sql_name
-from .records import key_column
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+from .frames import Step, parameter_name, sql_name, steps_sql
+from .records import key_column, raw_text_columns
 
 __all__ = [
     "C_CONFLICT",
@@ -54,22 +50,18 @@ C_LATE = 5  # valid, older than the previous watermark: the stream's late/
 EVENT_STATE_COLUMNS = ("event_id", "event_type", "time", "seq", "raw")
 
 
-def rank_copies(
-    frame: DataFrame,
-    by: Sequence[str],
-    order: Sequence[str],
-    content: Sequence[str],
-) -> DataFrame:
-    """``frame`` with ``_rn`` (1: the kept copy of its ``by`` group) and ``_same``.
+def rank_copies(by: Sequence[str], order: Sequence[str], content: Sequence[str]) -> Step:
+    """The step (:func:`.frames.steps_sql`) that adds ``_rn`` (1: the kept copy of its
+    ``by`` group) and ``_same`` to a relation.
 
     ``order`` (SQL sort expressions) sorts the copies of one group (the first
     is kept); ``_same`` is true where the row's ``content`` columns equal the
-    kept copy's, nulls equal to nulls. Lazy; one shuffle by ``by`` and a sort
-    within it.
+    kept copy's, nulls equal to nulls. One sort within the groups, which must
+    be in one partition each (a shuffle by ``by``, or a single partition).
     """
     window = f"OVER (PARTITION BY {', '.join(map(sql_name, by))} ORDER BY {', '.join(order)})"
     same = " AND ".join(f"({sql_name(c)} <=> first({sql_name(c)}) {window})" for c in content)
-    return frame.selectExpr("*", f"row_number() {window} AS _rn", f"{same} AS _same")
+    return ("select", ["*", f"row_number() {window} AS _rn", f"{same} AS _same"])
 
 
 #: A record's class (``C_*``) as SQL, from the columns ``rank_copies`` and
@@ -84,57 +76,57 @@ END"""
 
 
 def classify(
-    parsed: DataFrame,
+    parsed: str,
+    columns: Sequence[str],
     key_count: int,
-    partitions: int,
-    carried: DataFrame | None = None,
+    partitions: int | None,
+    carried: str | None = None,
     keep_raw: bool = False,
-) -> DataFrame:
-    """The records of ``parsed`` and the ``carried`` events, classified. Lazy.
+) -> str:
+    """The records of ``parsed`` and the ``carried`` events, classified: SQL text. O(1).
 
-    ``parsed`` comes from :func:`.records.parse_records` with the run
-    parameter ``w_prev`` (the previous watermark, null for none) among its
-    columns; ``carried`` has the columns of ``parsed`` (a carried event is
-    valid and relevant as its type says). Columns of the result: ``c`` (the
-    class, ``C_*``), ``old`` (a carried event), ``applied`` (carried and at or
-    below the previous watermark), ``reason`` (``conflict`` for conflicts),
-    ``raw`` (kept for rejected and late records, and for kept events when
-    ``keep_raw``: the stream carries it for the next batch's ranking),
-    ``event_id``, ``event_type``, ``time``, ``seq`` and the key columns.
-    One shuffle into ``partitions`` partitions by (event id, reason, late),
-    then a sort within them.
-
-    The columns are SQL expressions: each is one call into the JVM, where
-    the same expression built from ``Column`` objects takes one per
-    operator, and a micro-batch plans this stage again each time.
+    ``parsed`` and ``carried`` are queries (SQL text) with the ``columns`` of
+    :func:`.records.parse_steps`, the run parameter ``w_prev`` (the previous
+    watermark, null for none) among them; a carried event is valid and
+    relevant as its type says. Columns of the result: ``c`` (the class,
+    ``C_*``), ``old`` (a carried event), ``applied`` (carried and at or below
+    the previous watermark), ``reason`` (``conflict`` for conflicts), ``raw``
+    (of rejected and late records, as valid UTF-8 with their exact bytes in
+    ``raw_bytes`` when it was not: :func:`.records.raw_text_columns`; of kept
+    events as it came, when ``keep_raw``: the stream carries it for the next
+    batch's ranking), ``event_id``, ``event_type``, ``time``, ``seq`` and the
+    key columns. One shuffle into ``partitions`` partitions by (event id,
+    reason, late), then a sort within them; with ``partitions`` None, every
+    row in one partition, with no shuffle (for a micro-batch known to be small).
     """
     keys = [key_column(i) for i in range(key_count)]
-    w_prev = parameter_name("w_prev")
-    new = parsed.selectExpr(
-        "*",
-        f"reason IS NULL AND coalesce(time < {w_prev}, false) AS late",
-        "false AS old",
-        "false AS applied",
-    )
+    w_prev = sql_name(parameter_name("w_prev"))
+    listed = [*map(sql_name, columns), "late", "old", "applied"]
+    new = steps_sql(f"({parsed})", [("select", [
+        "*", f"reason IS NULL AND coalesce(time < {w_prev}, false) AS late",
+        "false AS old", "false AS applied",
+    ]), ("select", listed)])  # fmt: skip
     if carried is not None:
-        old = carried.selectExpr(
-            "*", "false AS late", "true AS old", f"coalesce(time <= {w_prev}, false) AS applied"
-        )
-        new = old.unionByName(new)
+        old = steps_sql(f"({carried})", [("select", [
+            "*", "false AS late", "true AS old", f"coalesce(time <= {w_prev}, false) AS applied",
+        ]), ("select", listed)])  # fmt: skip
+        new = f"{old} UNION ALL {new}"
     group = ["event_id", "reason", "late"]  # the id first: see the module doc
-    ranked = rank_copies(
-        new.repartition(partitions, *group),
-        by=group,
-        order=["applied DESC", "time", "seq", "raw"],
-        content=["event_type", "time", "seq", *keys],
-    )
-    raw_kept = f"c >= {C_CONFLICT}" + (f" OR c <= {C_IGNORED}" if keep_raw else "")
-    return ranked.selectExpr(
-        f"CAST({_CLASS} AS INT) AS c", "old", "applied", "reason AS _reason", "raw AS _raw",
-        "event_id", "event_type", "time", "seq", *keys,
-    ).selectExpr(
-        "c", "old", "applied",
-        f"CASE WHEN c = {C_CONFLICT} THEN 'conflict' ELSE _reason END AS reason",
-        f"CASE WHEN {raw_kept} THEN _raw END AS raw",
-        "event_id", "event_type", "time", "seq", *keys,
-    )  # fmt: skip
+    text, exact = raw_text_columns("_raw")
+    kept_raw = f"WHEN c <= {C_IGNORED} THEN _raw " if keep_raw else ""
+    return steps_sql(f"({new})", [
+        ("one partition", ()) if partitions is None else ("repartition", (partitions, group)),
+        rank_copies(group, ["applied DESC", "time", "seq", "raw"],
+                    ["event_type", "time", "seq", *keys]),
+        ("select", [
+            f"CAST({_CLASS} AS INT) AS c", "old", "applied", "reason AS _reason", "raw AS _raw",
+            "event_id", "event_type", "time", "seq", *keys,
+        ]),
+        ("select", [
+            "c", "old", "applied",
+            f"CASE WHEN c = {C_CONFLICT} THEN 'conflict' ELSE _reason END AS reason",
+            f"CASE WHEN c >= {C_CONFLICT} THEN {text} {kept_raw}END AS raw",
+            f"CASE WHEN c >= {C_CONFLICT} THEN {exact} END AS raw_bytes",
+            "event_id", "event_type", "time", "seq", *keys,
+        ]),
+    ])  # fmt: skip

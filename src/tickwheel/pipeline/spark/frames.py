@@ -15,14 +15,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PARAMETER_PREFIX",
-    "driver_copy",
+    "Step",
+    "TempViews",
+    "apply_steps",
+    "as_arrow",
+    "as_frame",
     "empty_frame",
     "from_arrow",
+    "is_arrow",
+    "parameter_columns",
     "parameter_name",
+    "parameter_sql",
     "run_parameters",
     "sql_in",
     "sql_name",
     "sql_string",
+    "steps_sql",
     "to_arrow",
     "union_all",
     "with_parameters",
@@ -53,7 +61,7 @@ def to_arrow(frame: DataFrame) -> Any:
     driver holds them already, else through Spark's ``toArrow`` (one job).
 
     Spark's optimizer folds filters and projections over a local relation (a
-    frame made from the driver's rows: :func:`driver_copy`) into a new local
+    frame made from the driver's rows: :func:`from_arrow`) into a new local
     relation as it plans a query; collecting such a plan only hands its rows
     over, in the driver, but ``toArrow`` still runs them through a job, which
     costs more than converting a few thousand rows in Python. A classic
@@ -83,44 +91,66 @@ def from_arrow(spark: SparkSession, table: Any) -> DataFrame:
     return empty_frame(spark, from_arrow_schema(table.schema))
 
 
-def driver_copy(frame: DataFrame, collected: Any = None) -> DataFrame:
-    """``frame``'s rows, collected to the driver as Arrow, as a local relation. One job,
-    none when ``collected`` holds them already (``frame.toArrow()``'s table).
+def is_arrow(table: object) -> bool:
+    """Whether ``table`` is an Arrow table held in the driver (else a DataFrame). O(1).
 
-    Spark's optimizer evaluates the filters and projections over a local
-    relation as it plans a query (into a new local relation), so a query that
-    reads it needs no shuffle and no scan of a cache: collecting its result is
-    one small job that only hands the rows over. For a frame of a few thousand
-    rows read by several queries, that is cheaper than a cache. Every row
-    passes through the driver's memory, so it is for small frames only.
-    """
-    return from_arrow(frame.sparkSession, frame.toArrow() if collected is None else collected)
-
-
-def run_parameters(spark: SparkSession, **values: int | None) -> dict[str, Column]:
-    """Columns ``_p_<name>`` (long; None is null) holding a run's values, by name. O(1).
-
-    Add them beside a frame's own with :func:`with_parameters`; read them in
-    SQL text with :func:`parameter_name`. Spark compiles each stage of a query
-    to Java and writes every numeric literal into the code, so a value that
-    changes from one micro-batch (or run) to the next, such as a watermark or
-    the far-future limit, would make each batch's code new: compiled again by
-    Spark, then run interpreted until the JVM's JIT compiles it again. Here
-    each value is a scalar subquery over a one-row local table, as text cast
-    to a long: Spark runs such a subquery in the driver with no job, and
-    hands its text to the generated code as an object, not as code. So the
-    code stays the same from batch to batch, and Spark's and the JIT's caches
-    keep it (``docs/pipeline-design.md``, "Execution"). A value that is None gives
-    code of its own, once. The cast costs each row a parse of a short text.
-    """
+    Asked by type: a Spark Connect DataFrame answers every attribute name with a
+    column, so it cannot be told apart by what it has."""
     import pyarrow as pa
 
-    table = pa.table(
-        {name: pa.array([None if v is None else str(v)], pa.string()) for name, v in values.items()}
-    )
-    one_row = spark.createDataFrame(table)
-    columns = {parameter_name(name): one_row.select(name).scalar() for name in values}
-    return {column: value.cast("bigint").alias(column) for column, value in columns.items()}
+    return isinstance(table, pa.Table)
+
+
+def as_arrow(table: Any) -> Any:
+    """``table`` as Arrow in the driver: an Arrow table as it is, a frame's rows collected
+    (:func:`to_arrow`). O(rows)."""
+    return table if is_arrow(table) else to_arrow(table)
+
+
+def as_frame(spark: SparkSession, table: Any) -> DataFrame:
+    """``table`` as a frame: a frame as it is, an Arrow table as a local relation
+    (:func:`from_arrow`). O(rows)."""
+    return from_arrow(spark, table) if is_arrow(table) else table
+
+
+def parameter_sql(value: int | None) -> str:
+    """SQL: a run's ``value`` (a long; None is null), read as data, not as a literal. O(1).
+
+    Spark compiles each stage of a query to Java and writes every numeric
+    literal into the code, so a value that changes from one micro-batch (or
+    run) to the next, such as a watermark or the far-future limit, would make
+    each batch's code new: compiled again by Spark, then run interpreted until
+    the JVM's JIT compiles it again. Here the value is a scalar subquery over a
+    one-row inline table of its text, cast to a long outside the subquery:
+    Spark runs such a subquery in the driver with no job, and hands its text to
+    the generated code as an object, not as code. So the code stays the same
+    from batch to batch, and Spark's and the JIT's caches keep it
+    (``docs/pipeline-design.md``, "Execution"). A value that is None gives code
+    of its own, once. The cast costs each row a parse of a short text.
+    """
+    text = "NULL" if value is None else sql_string(str(int(value)))
+    return f"CAST((SELECT v FROM VALUES (CAST({text} AS STRING)) AS _p(v)) AS BIGINT)"
+
+
+def parameter_columns(**values: int | None) -> list[str]:
+    """SQL: the columns ``_p_<name>`` of :func:`parameter_sql` holding a run's values,
+    by name, as a ``SELECT`` lists them. O(values)."""
+    return [f"{parameter_sql(v)} AS {sql_name(parameter_name(n))}" for n, v in values.items()]
+
+
+def run_parameters(**values: int | None) -> dict[str, Column]:
+    """Columns ``_p_<name>`` (long; None is null) holding a run's values, by name
+    (:func:`parameter_sql`). O(1), no call into the JVM.
+
+    Add them beside a frame's own with :func:`with_parameters`; read them in
+    SQL text with :func:`parameter_name`.
+    """
+    from pyspark.sql import functions as F
+
+    return {
+        parameter_name(name): F.expr(parameter_sql(value)).alias(parameter_name(name))
+        for name, value in values.items()
+    }
 
 
 def with_parameters(frame: DataFrame, parameters: dict[str, Column]) -> DataFrame:
@@ -135,6 +165,84 @@ PARAMETER_PREFIX = "_p_"
 def parameter_name(name: str) -> str:
     """The column name of :func:`run_parameters`' value ``name``, for SQL text. O(1)."""
     return f"{PARAMETER_PREFIX}{name}"
+
+
+#: A step of a query written as SQL text: ``("select", columns)``, ``("where",
+#: predicate)``, ``("repartition", (n, columns))`` or ``("one partition", ())``.
+Step = tuple[str, Any]
+
+
+def steps_sql(source: str, steps: Sequence[Step]) -> str:
+    """``steps`` over the relation ``source`` (a quoted name, or a query in parentheses)
+    as one SQL query, each step a subquery of the next. O(steps).
+
+    A query planned from its whole text is analysed once, where a chain of
+    DataFrame calls is analysed at every call (classic sessions analyse each
+    new DataFrame); :func:`apply_steps` gives the same rows as a frame.
+    """
+    query = f"SELECT * FROM {source}"
+    for kind, what in steps:
+        if kind == "select":
+            query = f"SELECT {', '.join(what)} FROM ({query})"
+        elif kind == "where":
+            query = f"SELECT * FROM ({query}) WHERE {what}"
+        elif kind == "repartition":
+            n, columns = what
+            query = f"SELECT /*+ REPARTITION({int(n)}, {', '.join(columns)}) */ * FROM ({query})"
+        elif kind == "one partition":
+            query = f"SELECT /*+ COALESCE(1) */ * FROM ({query})"
+        else:
+            raise ValueError(f"unknown step {kind!r}")
+    return query
+
+
+def apply_steps(frame: DataFrame, steps: Sequence[Step]) -> DataFrame:
+    """``steps`` (:func:`steps_sql`) applied to ``frame``, one DataFrame call each. Lazy."""
+    for kind, what in steps:
+        if kind == "select":
+            frame = frame.selectExpr(*what)
+        elif kind == "where":
+            frame = frame.where(what)
+        elif kind == "repartition":
+            frame = frame.repartition(what[0], *what[1])
+        elif kind == "one partition":
+            frame = frame.coalesce(1)
+        else:
+            raise ValueError(f"unknown step {kind!r}")
+    return frame
+
+
+class TempViews:
+    """Temporary views of frames, for a query written as SQL text; dropped together.
+
+    Each view has a name of its own (a step's views never clash with another's
+    in the same session). Under Spark Connect the views live on the server, and
+    a query reads them when it runs, so they are dropped only once the query's
+    frames are done with (:meth:`drop`).
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        """No view yet. O(1)."""
+        self.spark = spark
+        self.names: list[str] = []
+
+    def of(self, frame: DataFrame) -> str:
+        """A new view of ``frame``: its quoted name. One call into Spark."""
+        name = f"_tickwheel_{uuid.uuid4().hex}"
+        frame.createOrReplaceTempView(name)
+        self.names.append(name)
+        return sql_name(name)
+
+    def drop(self) -> None:
+        """Drop every view made. O(views) calls.
+
+        In SQL rather than through the catalog: under Spark Connect the catalog's
+        call leaves a client whose session is never stopped (a job's child
+        session) hanging in its channel's close when the interpreter exits.
+        """
+        for name in self.names:
+            self.spark.sql(f"DROP VIEW IF EXISTS {sql_name(name)}")
+        self.names.clear()
 
 
 def sql_name(name: str) -> str:
@@ -169,26 +277,24 @@ def union_all(frames: list[DataFrame], allow_missing: bool = False) -> DataFrame
 
 
 def write_parquet(
-    frame: DataFrame, directory: str, *, in_driver: bool = False, storage: Storage | None = None
+    table: DataFrame | Any, directory: str, storage: Storage | None = None
 ) -> list[str] | None:
-    """Write ``frame``'s rows as Parquet files in ``directory``, which must not exist.
+    """Write ``table``'s rows as Parquet files in ``directory``, which must not exist.
 
-    By default Spark's writer does it: one job, a file per partition, and
+    A frame is written by Spark's writer: one job, a file per partition, and
     Hadoop's commit protocol (task and job commits, ``_SUCCESS``), which for a
-    table of a few rows costs more than the rows do. With ``in_driver`` the
-    rows are collected to the driver as Arrow (one job) and written there as
-    one file with pyarrow, through ``storage`` (default: a local path):
-    cheaper for a small table, and for a small table only, since every row
-    passes through the driver's memory. Either way the files hold the same
-    rows under the same column names and Spark types.
+    table of a few rows costs more than the rows do. An Arrow table, held in
+    the driver, is written there as one file with pyarrow, through ``storage``
+    (default: a local path) (:func:`write_arrow_parquet`). Either way the files
+    hold the same rows under the same column names and Spark types.
 
     Returns the names of the files written when the driver wrote them; None
     when Spark's writer did (list ``directory`` for them).
     """
-    if not in_driver:
-        frame.write.mode("error").parquet(directory)  # "errorifexists": not on Connect
-        return None
-    return [write_arrow_parquet(to_arrow(frame), directory, storage)]
+    if is_arrow(table):
+        return [write_arrow_parquet(table, directory, storage)]
+    table.write.mode("error").parquet(directory)  # "errorifexists": not on Connect
+    return None
 
 
 def write_arrow_parquet(table: Any, directory: str, storage: Storage | None = None) -> str:

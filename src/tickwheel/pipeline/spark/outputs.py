@@ -1,10 +1,15 @@
 """Stage 6: outputs and counts: the step's tables, its next state, and the partitions' counters.
 
-The partitions' rows (:data:`.partition.OUT_COLUMNS`) give ``outcomes``,
-``unmatched``, ``buffered`` and the next state's operations; the classified
-records give ``rejected``, ``late`` and the next state's events. None of these
-runs Python. :class:`PartitionStats` sums the partitions' ``stats`` rows and
-merges their sorted latencies into exact percentiles.
+Every table is a choice of rows and columns, nothing computed: a
+:class:`Shape` (which rows by the values of one column, which columns under
+which names), read off the partitions' rows (:data:`.partition.OUT_COLUMNS`:
+``outcomes``, ``unmatched``, ``buffered``, and the carried operations with
+their change, :data:`OPS_ROWS`) or off the classified records (``rejected``,
+``late`` and the next state's events). A shape is taken from Arrow tables in
+the driver (:meth:`Shape.of_arrow`) or from DataFrames on the executors
+(:meth:`Shape.of_frame`), as the placement has it (:mod:`.placement`): the
+same rows either way. :class:`PartitionStats` sums the partitions' ``stats``
+rows and merges their sorted latencies into exact percentiles.
 """
 
 from __future__ import annotations
@@ -15,38 +20,43 @@ import math
 import sys
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..rules import Rules
-from .classify import C_CONFLICT, C_IGNORED, C_LATE, C_REJECTED
-from .frames import parameter_name, sql_in, sql_name, sql_string
-from .records import key_column, raw_text_columns
+from .classify import C_CONFLICT, C_EVENT, C_IGNORED, C_LATE, C_REJECTED
+from .frames import parameter_name, sql_in, sql_name, sql_string, with_parameters
+from .partition import CHANGE_ADDED, CHANGE_REMOVED
+from .records import key_column
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import Column, DataFrame
 
 __all__ = [
+    "BUFFERED",
     "BUFFERED_COLUMNS",
     "LATE_REASON",
     "OPS_COLUMNS",
+    "OPS_ROWS",
+    "OUTCOMES",
+    "OUTCOMES_WITH_PENDING",
     "OUTCOME_COLUMNS",
+    "REJECTED",
     "REJECTED_COLUMNS",
+    "UNMATCHED",
     "UNMATCHED_COLUMNS",
     "PartitionStats",
-    "buffered_table",
+    "RunValue",
+    "Shape",
+    "Text",
     "exact_percentile",
-    "late_table",
-    "next_events",
-    "next_ops",
-    "ops_changes",
-    "ops_rows",
-    "outcome_table",
+    "late_shape",
+    "next_events_shape",
     "read_latencies",
-    "rejected_table",
     "split_ops",
-    "unmatched_table",
+    "split_ops_frame",
 ]
 
 OUTCOME_COLUMNS = (
@@ -61,122 +71,182 @@ OPS_COLUMNS = ("kind", "rule", "key", "event_id", "time", "deadline")
 LATE_REASON = "late: event time below the watermark"
 
 
-def _kind(rows: DataFrame, *kinds: str) -> DataFrame:
-    return rows.where(sql_in("kind", kinds))
+@dataclass(frozen=True)
+class RunValue:
+    """A column of a run's value (a long, or null): ``w_prev``, ``w_new``. In a frame it
+    is read as a run parameter (:func:`.frames.run_parameters`), so that the query's
+    code does not change with it."""
+
+    name: str
 
 
-# The tables' columns are SQL text: one call into the JVM each, where a
-# ``Column`` expression takes one per operator (a micro-batch plans them anew).
+@dataclass(frozen=True)
+class Text:
+    """A column of one text for every row."""
+
+    value: str
 
 
-def outcome_table(rows: DataFrame, with_pending: bool) -> DataFrame:
-    """``outcomes``: final outcomes and, ``with_pending``, one ``pending`` row per pending
-    operation (what a batch run writes; the stream carries them instead). Lazy."""
-    chosen = _kind(rows, "outcome", "pending") if with_pending else _kind(rows, "outcome")
-    return chosen.selectExpr(
-        "rule", "key", "id AS op_id", "`time` AS opened_at", "deadline",
-        "coalesce(outcome, 'pending') AS outcome", "resolved_at", "latency_ms",
-        "resolve_event_id",
+#: Where a column of a :class:`Shape` comes from: a column's name, a run's value, a text.
+Source = str | RunValue | Text
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An output table: the rows whose ``where`` column is one of ``values`` (and, with
+    ``at_least``, whose column is at or above a run's value, when it is not null),
+    then ``columns``, (name, :data:`Source`) pairs, in order.
+
+    Taken from Arrow (:meth:`of_arrow`) or from a frame (:meth:`of_frame`), it
+    gives the same rows under the same names and types.
+    """
+
+    where: str
+    values: tuple[str | int, ...]
+    columns: tuple[tuple[str, Source], ...]
+    at_least: tuple[str, RunValue] | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The table's column names, in order. O(columns)."""
+        return tuple(name for name, _ in self.columns)
+
+    def _run_values(self) -> list[str]:
+        bound = [self.at_least[1].name] if self.at_least is not None else []
+        return bound + [s.name for _, s in self.columns if isinstance(s, RunValue)]
+
+    def of_arrow(self, rows: pa.Table, values: Mapping[str, int | None] | None = None) -> pa.Table:
+        """The table from ``rows`` held as Arrow, the run's ``values`` by name. O(rows)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+        given = values or {}
+        column = rows[self.where]
+        mask = pc.is_in(column, value_set=pa.array(self.values, column.type))
+        if self.at_least is not None and given.get(self.at_least[1].name) is not None:
+            bound = given[self.at_least[1].name]
+            mask = pc.and_(mask, pc.fill_null(pc.greater_equal(rows[self.at_least[0]], bound),
+                                              False))  # fmt: skip
+        chosen = rows.filter(mask)
+        n = chosen.num_rows
+        arrays = []
+        for _name, source in self.columns:
+            if isinstance(source, RunValue):
+                arrays.append(pa.array([given.get(source.name)] * n, pa.int64()))
+            elif isinstance(source, Text):
+                arrays.append(pa.array([source.value] * n, pa.string()))
+            else:
+                arrays.append(chosen[source])
+        return pa.table(arrays, names=list(self.names))
+
+    def of_frame(
+        self, rows: DataFrame, parameters: Mapping[str, Column] | None = None
+    ) -> DataFrame:
+        """The table from the frame ``rows``; ``parameters`` holds the run's values it reads
+        (:func:`.frames.run_parameters`). Lazy. SQL text: one call into the JVM a column."""
+        needed = self._run_values()
+        if needed:
+            assert parameters is not None, f"the table reads the run's {needed}"
+            rows = with_parameters(rows, {parameter_name(n): parameters[parameter_name(n)]
+                                          for n in dict.fromkeys(needed)})  # fmt: skip
+        chosen = rows.where(sql_in(sql_name(self.where), self.values))
+        if self.at_least is not None:
+            bound = sql_name(parameter_name(self.at_least[1].name))
+            column = sql_name(self.at_least[0])
+            chosen = chosen.where(f"{bound} IS NULL OR {column} >= {bound}")
+        return chosen.selectExpr(*[f"{_sql(source)} AS {sql_name(name)}"
+                                   for name, source in self.columns])  # fmt: skip
+
+
+def _sql(source: Source) -> str:
+    if isinstance(source, RunValue):
+        return sql_name(parameter_name(source.name))
+    if isinstance(source, Text):
+        return sql_string(source.value)
+    return sql_name(source)
+
+
+def _same(*names: str) -> tuple[tuple[str, Source], ...]:
+    return tuple((name, name) for name in names)
+
+
+#: ``outcomes`` of a stream: final outcomes (completed, expired, cancelled).
+OUTCOMES = Shape("kind", ("outcome",), (
+    *_same("rule", "key"), ("op_id", "id"), ("opened_at", "time"),
+    *_same("deadline", "outcome", "resolved_at", "latency_ms", "resolve_event_id"),
+))  # fmt: skip
+#: ``outcomes`` of a batch run: final outcomes and one ``pending`` row per pending operation.
+OUTCOMES_WITH_PENDING = Shape("kind", ("outcome", "pending"), OUTCOMES.columns)
+#: ``unmatched``: complete and cancel events that found no operation, and why.
+UNMATCHED = Shape("kind", ("unmatched",), (
+    *_same("rule", "key"), ("event_id", "id"), ("event_type", "event_type"),
+    ("event_time", "time"), ("reason", "reason"),
+))  # fmt: skip
+#: ``buffered``: the events above the watermark, one row per rule, not applied.
+BUFFERED = Shape("kind", ("buffered",), (
+    *_same("rule", "key"), ("event_id", "id"), ("event_type", "event_type"),
+    ("event_time", "time"), ("seq", "seq"),
+))  # fmt: skip
+#: The carried operations before and after the partitions ran, in the columns of
+#: :data:`OPS_COLUMNS` and ``change``: ``kept`` (carried, passed through as it came),
+#: ``added`` (made by the processor) or ``removed`` (carried, taken in by the
+#: processor: its ``replaced`` rows). The next state is the rows not removed; its
+#: changes since the state carried in are the rows added and the rows removed
+#: (:func:`split_ops`).
+OPS_ROWS = Shape("kind", ("pending", "expired", "replaced"), (
+    ("kind", "state_kind"), *_same("rule", "key"), ("event_id", "id"),
+    *_same("time", "deadline", "change"),
+))  # fmt: skip
+#: ``rejected``: invalid records and conflicting copies, with their reason (the raw
+#: text made valid UTF-8 as it was classified, its exact bytes in ``raw_bytes``).
+REJECTED = Shape("c", (C_CONFLICT, C_REJECTED), _same(*REJECTED_COLUMNS))
+
+
+def late_shape(rules: Rules) -> Shape:
+    """``late`` (the stream's): valid records below the previous watermark ``w_prev``,
+    with that watermark. O(key fields)."""
+    keys = tuple((name, key_column(i)) for i, name in enumerate(rules.key_fields))
+    return Shape("c", (C_LATE,), (
+        *_same("event_id", "event_type"), ("event_time", "time"), *keys,
+        ("watermark", RunValue("w_prev")), ("reason", Text(LATE_REASON)),
+        *_same("raw", "raw_bytes"),
+    ))  # fmt: skip
+
+
+def next_events_shape(rules: Rules) -> Shape:
+    """The events the stream carries: kept ones at or above the new watermark ``w_new``
+    (all of them when it is null), with their raw text, keys as ``k_<field>``.
+    O(key fields)."""
+    keys = tuple((f"k_{name}", key_column(i)) for i, name in enumerate(rules.key_fields))
+    return Shape(
+        "c", (C_EVENT, C_IGNORED),
+        (*_same("event_id", "event_type", "time", "seq", "raw"), *keys),
+        at_least=("time", RunValue("w_new")),
     )  # fmt: skip
 
 
-def unmatched_table(rows: DataFrame) -> DataFrame:
-    """``unmatched``: complete and cancel events that found no operation, and why. Lazy."""
-    return _kind(rows, "unmatched").selectExpr(
-        "rule", "key", "id AS event_id", "event_type", "`time` AS event_time", "reason"
-    )
-
-
-def buffered_table(rows: DataFrame) -> DataFrame:
-    """``buffered``: the events above the watermark, one row per rule, not applied. Lazy."""
-    return _kind(rows, "buffered").selectExpr(
-        "rule", "key", "id AS event_id", "event_type", "`time` AS event_time", "seq"
-    )
-
-
-def _with_raw_text(frame: DataFrame, *columns: str) -> DataFrame:
-    """``frame``'s ``columns`` (SQL), then ``raw`` as valid UTF-8 and ``raw_bytes`` beside it."""
-    text, exact = raw_text_columns("raw")
-    return frame.selectExpr(*columns, f"{text} AS raw", f"{exact} AS raw_bytes")
-
-
-def rejected_table(classified: DataFrame) -> DataFrame:
-    """``rejected``: invalid records and conflicting copies, with their reason. Lazy."""
-    rejected = classified.where(sql_in("c", (C_CONFLICT, C_REJECTED)))
-    return _with_raw_text(rejected, "event_id", "reason")
-
-
-def late_table(classified: DataFrame, rules: Rules) -> DataFrame:
-    """``late`` (the stream's): valid records below the previous watermark ``w_prev``
-    (a run parameter among the columns of ``classified``), with that watermark. Lazy."""
-    late = classified.where(f"c = {C_LATE}")
-    return _with_raw_text(
-        late,
-        "event_id",
-        "event_type",
-        "`time` AS event_time",
-        *[f"{key_column(i)} AS {sql_name(name)}" for i, name in enumerate(rules.key_fields)],
-        f"{parameter_name('w_prev')} AS watermark",
-        f"{sql_string(LATE_REASON)} AS reason",
-    )
-
-
-def next_events(classified: DataFrame, rules: Rules, watermark: str | None) -> DataFrame:
-    """The events the stream carries: kept ones at or above the new ``watermark``
-    (SQL text: a column or a literal; None: all), with their raw text, keys as
-    ``k_<field>``. Lazy."""
-    kept = classified.where(f"c <= {C_IGNORED}")
-    if watermark is not None:
-        kept = kept.where(f"`time` >= {watermark}")
-    return kept.selectExpr(
-        "event_id", "event_type", "`time`", "seq", "raw",
-        *[f"{key_column(i)} AS {sql_name(f'k_{name}')}" for i, name in enumerate(rules.key_fields)],
-    )  # fmt: skip
-
-
-def ops_rows(rows: DataFrame) -> DataFrame:
-    """The carried operations before and after the partitions ran, in the columns of
-    :data:`OPS_COLUMNS` and ``change``: ``kept`` (carried, passed through
-    ``unchanged``), ``added`` (made by the processor) or ``removed`` (carried, taken
-    in by the processor: its ``replaced`` rows). The next state is the rows not
-    removed (:func:`next_ops`); its changes since the state carried in are the rows
-    added and the rows removed (:func:`ops_changes`, :func:`split_ops`). Lazy."""
-    return _kind(rows, "pending", "expired", "replaced").selectExpr(
-        "CASE WHEN kind = 'replaced' THEN state_kind ELSE kind END AS kind",
-        "rule", "key", "id AS event_id", "`time`", "deadline",
-        "CASE WHEN kind = 'replaced' THEN 'removed' "
-        "WHEN unchanged THEN 'kept' ELSE 'added' END AS change",
-    )  # fmt: skip
-
-
-def next_ops(rows: DataFrame) -> DataFrame:
-    """The operations the stream carries: pending ones and expiry markers. Lazy."""
-    return ops_rows(rows).where("change <> 'removed'").drop("change")
-
-
-def ops_changes(rows: DataFrame) -> dict[str, DataFrame]:
-    """The carried operations' changes (:func:`ops_rows`): ``ops.added`` and
-    ``ops.removed``. Filters of the partitions' rows, with no join against the
-    state before. Lazy."""
-    frame = ops_rows(rows)
-    return {
-        f"ops.{change}": frame.where(f"change = '{change}'").drop("change")
-        for change in ("added", "removed")
-    }
-
-
-def split_ops(table: Any) -> dict[str, Any]:
-    """:func:`ops_rows` collected as Arrow, split as :func:`next_ops` and
-    :func:`ops_changes` split them: ``ops``, ``ops.added``, ``ops.removed``. O(rows)."""
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
+def split_ops(table: pa.Table) -> dict[str, pa.Table]:
+    """:data:`OPS_ROWS` held as Arrow, split: ``ops`` (the next state's operations, the
+    rows not removed), ``ops.added`` and ``ops.removed`` (its changes). O(rows)."""
+    import pyarrow.compute as pc
 
     change = table["change"]
     rows = table.drop_columns(["change"])
     return {
-        "ops": rows.filter(pc.not_equal(change, "removed")),
-        "ops.added": rows.filter(pc.equal(change, "added")),
-        "ops.removed": rows.filter(pc.equal(change, "removed")),
+        "ops": rows.filter(pc.not_equal(change, CHANGE_REMOVED)),
+        "ops.added": rows.filter(pc.equal(change, CHANGE_ADDED)),
+        "ops.removed": rows.filter(pc.equal(change, CHANGE_REMOVED)),
     }
+
+
+def split_ops_frame(frame: DataFrame) -> dict[str, DataFrame]:
+    """:func:`split_ops` over a frame of :data:`OPS_ROWS`. Lazy."""
+    rows = {
+        "ops": frame.where(f"change <> {sql_string(CHANGE_REMOVED)}"),
+        "ops.added": frame.where(f"change = {sql_string(CHANGE_ADDED)}"),
+        "ops.removed": frame.where(f"change = {sql_string(CHANGE_REMOVED)}"),
+    }
+    return {name: rows.drop("change") for name, rows in rows.items()}
 
 
 def read_latencies(stats: dict[str, Any], blob: bytes) -> dict[str, array[int]]:
@@ -235,8 +305,15 @@ class PartitionStats:
         ``percentile`` aggregate over the rows.
         """
         return cls.merge(
-            bytes(row["stats"]) for row in _kind(rows, "stats").select("stats").collect()
+            bytes(row["stats"]) for row in rows.where("kind = 'stats'").select("stats").collect()
         )
+
+    @classmethod
+    def of_table(cls, rows: pa.Table) -> PartitionStats:
+        """:meth:`collect` over the partitions' rows held as Arrow in the driver. O(n)."""
+        import pyarrow.compute as pc
+
+        return cls.merge(rows.filter(pc.equal(rows["kind"], "stats"))["stats"].to_pylist())
 
     @classmethod
     def merge(cls, blobs: Any) -> PartitionStats:

@@ -1,29 +1,37 @@
 """Stage 5: one key partition through one purgatory, Arrow in and Arrow out.
 
-:func:`run_partitions` repartitions the fanned-out events and the carried
-operations by (rule, key) and hands each partition to :func:`partition_function`
-through ``mapInArrow``. Each partition runs one
+A partition's rows are the events its run applies, fanned out to their rules
+(:func:`.fanout.rule_events`), and the carried operations of their keys. Where
+they run is the placement's (:mod:`.placement`): in the driver, a small
+micro-batch's one partition (:func:`run_partition`: an Arrow table in, one
+out); on the executors, one partition per key hash (:func:`run_partitions`:
+the events routed by key, :func:`.fanout.routed_events`, shuffled with the
+operations, then ``mapInArrow``, whose function fans the events out first).
+Either way the same function runs each partition through one
 :class:`~tickwheel.pipeline.core.PartitionProcessor` from the previous
 watermark (``start_ms``; none for a batch run) to the new one, W:
 
 1. its rows are split into events and carried state (:data:`IN_COLUMNS`;
    ``state_kind`` is null for an event);
 2. state this run cannot change is carried straight to the output as Arrow
-   columns, marked ``unchanged`` (:func:`_untouched_state`): a key's expiry
+   columns, marked ``kept`` (:func:`_untouched_state`): a key's expiry
    marker, or a pending operation due after W, whose (rule, key) has no event
    here; a stream's run also gives the rest of the state back as ``replaced``
-   rows, so that its next state's changes are filters of these rows
-   (:func:`.outputs.ops_changes`);
+   rows, marked ``removed``, so that its next state's changes are filters of
+   these rows (:data:`.outputs.OPS_ROWS`);
 3. the rest of the state seeds the processor, and the events, sorted by
    (time, sequence, event id, rule) in Arrow, go through it in slices; events
    above W are held (``buffered``);
 4. the clock advances to W, and the processor's rows leave as one Arrow batch
    per kind (:data:`OUT_COLUMNS`): ``outcome`` (final), ``unmatched``,
    ``pending`` and ``expired`` (the next state's operations and expiry
-   markers; a batch run, which has no next state, asks for no markers),
-   ``buffered``, and one ``stats`` row: the partition's counters
+   markers, marked ``added``; a batch run, which has no next state, asks for
+   no markers), ``buffered``, and one ``stats`` row: the partition's counters
    and timings as JSON, with the latencies of its resolved operations,
    sorted, for exact percentiles (:func:`.outputs.exact_percentile`).
+
+Each output table is a choice of these rows by kind and of their columns
+(:mod:`.outputs`), so no step after the partitions computes anything.
 
 Rows go in column by column (an event's rule index and kind are computed in
 Arrow, then each column becomes a Python list, zipped into the processor's
@@ -45,20 +53,27 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import STATE_EXPIRED, STATE_PENDING, PartitionProcessor, StateRow, cyclic_gc_paused
 from ..rules import Rules
+from .fanout import route_column, rule_events
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 __all__ = [
+    "CHANGE_ADDED",
+    "CHANGE_KEPT",
+    "CHANGE_REMOVED",
     "IN_COLUMNS",
     "IN_DDL",
     "OUT_COLUMNS",
     "OUT_DDL",
+    "arrow_schema",
+    "event_inputs",
+    "out_schema",
     "partition_function",
-    "run_partition_on_arrow",
+    "routed_partition_function",
+    "run_partition",
     "run_partitions",
-    "state_input_frame",
     "state_inputs",
 ]
 
@@ -92,10 +107,16 @@ OUT_COLUMNS = (
     ("reason", "string"),
     ("seq", "long"),
     ("stats", "binary"),
-    ("unchanged", "boolean"),  # a carried state row passed through as it came
-    ("state_kind", "string"),  # a ``replaced`` row's kind as it came
+    # The next state's rows (``pending``, ``expired``) and those it no longer holds as
+    # they came (``replaced``): the state's kind, and how the row changed it.
+    ("state_kind", "string"),
+    ("change", "string"),
 )
 OUT_DDL = ", ".join(f"{name} {kind}" for name, kind in OUT_COLUMNS)
+
+#: How a state row of the output (``state_kind`` set) changed the state carried in:
+#: passed through as it came, made by the processor, or taken in by it.
+CHANGE_KEPT, CHANGE_ADDED, CHANGE_REMOVED = "kept", "added", "removed"
 
 #: The columns of the processor's input tuples, in their order (``_rule``: the
 #: rule's index, ``_kind``: the event's kind in it; :func:`_event_input`).
@@ -105,7 +126,8 @@ SLICE_ROWS = 65_536
 
 
 def run_partitions(
-    inputs: DataFrame,
+    events: DataFrame,
+    ops: DataFrame | None,
     rules: Rules,
     partitions: int,
     start_ms: int | None,
@@ -114,53 +136,60 @@ def run_partitions(
     markers: bool = True,
     changes: bool = False,
 ) -> DataFrame:
-    """``inputs`` (:data:`IN_COLUMNS`) by (rule, key) through :func:`partition_function`.
+    """The purgatory on the executors: ``events`` (:func:`.fanout.routed_events`) and the
+    carried ``ops`` (:data:`.outputs.OPS_COLUMNS`; None: none) by key hash, each
+    partition through :func:`routed_partition_function`. Rows of :data:`OUT_COLUMNS`.
 
-    Lazy: one shuffle into ``partitions`` partitions, then ``mapInArrow``. Each
-    worker checks that it runs the driver's tickwheel first
-    (:func:`.workers.guarded`).
+    Lazy: one shuffle into ``partitions`` partitions by the route (an event's key,
+    an operation's), then ``mapInArrow``. Each worker checks that it runs the
+    driver's tickwheel first (:func:`.workers.guarded`).
     """
     from .workers import guarded
 
-    run = partition_function(rules, start_ms, watermark_ms, markers=markers, changes=changes)
-    return inputs.repartition(partitions, "rule", "key").mapInArrow(
-        guarded(run, OUT_COLUMNS), OUT_DDL
-    )
+    # The events' rows have no state columns, the operations' no key columns.
+    inputs = events.selectExpr(
+        "*", *[f"CAST(NULL AS {kind}) AS {name}" for name, kind in IN_COLUMNS
+               if name not in events.columns]
+    )  # fmt: skip
+    route = route_column(rules)
+    if ops is not None:
+        state = ops.selectExpr(*_STATE_INPUT_COLUMNS, f"key AS {route}")
+        inputs = inputs.unionByName(state, allowMissingColumns=True)
+    run = routed_partition_function(rules, start_ms, watermark_ms, markers=markers, changes=changes)
+    return inputs.repartition(partitions, route).mapInArrow(guarded(run, OUT_COLUMNS), OUT_DDL)
 
 
-def run_partition_on_arrow(
-    spark: SparkSession,
-    inputs: pa.Table,
+def run_partition(
+    events: pa.Table,
+    ops: pa.Table | None,
     rules: Rules,
     start_ms: int | None,
     watermark_ms: int,
     *,
     markers: bool = True,
     changes: bool = False,
-) -> DataFrame:
-    """``inputs`` (:data:`IN_COLUMNS`, as Arrow in the driver) as one partition through
-    :func:`partition_function`, in this process.
+) -> pa.Table:
+    """The purgatory in the driver: ``events`` (:func:`.fanout.rule_events`) and the carried
+    ``ops`` (:data:`.outputs.OPS_COLUMNS`; None: none) as one partition, in this
+    process. The rows of :data:`OUT_COLUMNS`, as Arrow.
 
-    What :func:`run_partitions` does with one partition, without its shuffle
-    and its Python worker: the rows come back as a local relation (as
-    :func:`.frames.driver_copy` gives). For a partition of a few thousand rows.
-    O(rows) in the driver's memory. As in a worker, the cyclic collector is
-    paused while the partition runs: the pause is process-wide, and only
-    delays the collection of the other driver threads' cyclic garbage.
+    What :func:`run_partitions` does with one partition, without its shuffle,
+    its Python worker and its plan. O(rows) in the driver's memory. As in a
+    worker, the cyclic collector is paused while the partition runs: the pause
+    is process-wide, and only delays the collection of the other driver
+    threads' cyclic garbage.
     """
     import pyarrow as pa
 
-    from .frames import empty_frame
+    with cyclic_gc_paused():  # as partition_function's
+        started = time.perf_counter()
+        state = state_inputs(ops) if ops is not None else arrow_schema(IN_COLUMNS).empty_table()
+        batches = _process(rules, start_ms, watermark_ms, event_inputs(events), state,
+                           markers, changes, started)  # fmt: skip
+    return pa.Table.from_batches(batches, schema=out_schema())
 
-    run = partition_function(rules, start_ms, watermark_ms, markers=markers, changes=changes)
-    batches = list(run(iter(inputs.to_batches())))
-    if not batches:
-        return empty_frame(spark, OUT_DDL)
-    return spark.createDataFrame(pa.Table.from_batches(batches))
 
-
-#: :func:`state_inputs` in SQL, for carried operations held by Spark
-#: (:func:`state_input_frame`).
+#: :func:`state_inputs` in SQL, for carried operations held by Spark.
 _STATE_INPUT_COLUMNS = (
     "kind AS state_kind",
     "rule",
@@ -173,30 +202,47 @@ _STATE_INPUT_COLUMNS = (
 )
 
 
-def state_input_frame(ops: DataFrame) -> DataFrame:
-    """:func:`state_inputs` over a frame of carried operations: the same rows, planned
-    by Spark. Lazy."""
-    return ops.selectExpr(*_STATE_INPUT_COLUMNS)
+def _in_table(pa: Any, n: int, columns: Mapping[str, Any]) -> pa.Table:
+    """A partition's input rows (:data:`IN_COLUMNS`): ``columns``, the others null."""
+    schema = arrow_schema(IN_COLUMNS)
+    return pa.table(
+        [columns[f.name].cast(f.type) if f.name in columns else pa.nulls(n, f.type)
+         for f in schema],
+        schema=schema,
+    )  # fmt: skip
+
+
+def event_inputs(events: pa.Table) -> pa.Table:
+    """Fanned-out events (:data:`.fanout.COLUMNS`) as a partition's input rows
+    (:data:`IN_COLUMNS`: no ``state_kind``, no deadline). O(1) copies."""
+    import pyarrow as pa
+
+    return _in_table(pa, events.num_rows, {name: events[name] for name in events.column_names})
 
 
 def state_inputs(ops: pa.Table) -> pa.Table:
     """Carried operations (:data:`.outputs.OPS_COLUMNS`) as a partition's input rows
     (:data:`IN_COLUMNS`: ``state_kind`` set, no sequence or event type), from Arrow
-    (:func:`state_input_frame` from a frame). O(1) copies."""
+    (``_STATE_INPUT_COLUMNS`` from a frame). O(1) copies."""
     import pyarrow as pa
 
-    n = ops.num_rows
-    columns = {
-        "state_kind": ops["kind"],
-        "rule": ops["rule"],
-        "key": ops["key"],
-        "time": ops["time"],
-        "seq": pa.nulls(n, pa.int64()),
-        "event_id": ops["event_id"],
-        "event_type": pa.nulls(n, pa.string()),
-        "deadline": ops["deadline"],
-    }
-    return pa.table([columns[name] for name, _kind in IN_COLUMNS], names=[n for n, _ in IN_COLUMNS])
+    names = ("rule", "key", "time", "event_id", "deadline")
+    return _in_table(
+        pa, ops.num_rows, {"state_kind": ops["kind"], **{name: ops[name] for name in names}}
+    )
+
+
+def arrow_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
+    """The Arrow schema of ``columns`` ((name, Spark type) pairs: :data:`IN_COLUMNS`,
+    :data:`OUT_COLUMNS`), every field nullable. O(columns)."""
+    import pyarrow as pa
+
+    return pa.schema([(name, _ARROW_TYPES[kind](pa)) for name, kind in columns])
+
+
+def out_schema() -> pa.Schema:
+    """The Arrow schema of a partition's output rows (:data:`OUT_COLUMNS`). O(columns)."""
+    return arrow_schema(OUT_COLUMNS)
 
 
 def partition_function(
@@ -207,10 +253,11 @@ def partition_function(
     markers: bool = True,
     changes: bool = False,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function: one purgatory per partition, seeded with its state.
+    """One purgatory per partition, seeded with its state: a function from Arrow batches
+    of :data:`IN_COLUMNS` (events and carried state) to batches of :data:`OUT_COLUMNS`.
 
     With ``changes``, the carried rows the processor took in come out as
-    ``replaced`` rows (what a stream's changelog removes: :func:`.outputs.ops_rows`).
+    ``replaced`` rows (what a stream's changelog removes: :data:`.outputs.OPS_ROWS`).
     No rows in: no rows out. With ``markers`` false, no ``expired`` rows (the
     keys' expiry markers) are output: only a next state needs them, and a
     batch run has none. ``tests/pipeline/test_stream_udf.py`` pins the
@@ -218,13 +265,62 @@ def partition_function(
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
+
         # Paused from the first row in to the last row out: the conversions
         # allocate a tuple per row, and the restored state is most of the heap.
         with cyclic_gc_paused():
-            out = _process(rules, start_ms, watermark_ms, batches, markers, changes)
+            started = time.perf_counter()
+            table = _concat(pa, batches, arrow_schema(IN_COLUMNS))
+            is_state = pc.is_valid(table["state_kind"])
+            out = _process(rules, start_ms, watermark_ms, table.filter(pc.invert(is_state)),
+                           table.filter(is_state), markers, changes, started)  # fmt: skip
         yield from out
 
     return run
+
+
+def routed_partition_function(
+    rules: Rules,
+    start_ms: int | None,
+    watermark_ms: int,
+    *,
+    markers: bool = True,
+    changes: bool = False,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """:func:`partition_function` for the executors' partitions: the events come routed
+    (:func:`.fanout.routed_events`: the classified records' columns and a route)
+    and are fanned out here, each (rule, key) in the partition of its key's route
+    (:func:`.fanout.rule_events`); the carried operations come as a partition's
+    input rows, with their route."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        with cyclic_gc_paused():  # as partition_function's
+            started = time.perf_counter()
+            given = [b for b in batches if b.num_rows]
+            if not given:
+                return
+            table = pa.Table.from_batches(given)
+            is_state = pc.is_valid(table["state_kind"])
+            events = event_inputs(rule_events(table.filter(pc.invert(is_state)), rules, True))
+            state = table.filter(is_state).select([name for name, _ in IN_COLUMNS])
+            out = _process(rules, start_ms, watermark_ms, events, state, markers, changes,
+                           started)  # fmt: skip
+        yield from out
+
+    return run
+
+
+def _concat(pa: Any, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """``batches`` as one table of ``schema`` (their columns cast to its types)."""
+    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables([t.cast(schema) for t in tables])
 
 
 def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -> Any:
@@ -241,7 +337,7 @@ def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -
     marker whose retention ends by the watermark: the processor drops it.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
+    import pyarrow.compute as pc
 
     kind = state["state_kind"]
     pending = pc.equal(kind, STATE_PENDING)
@@ -275,22 +371,20 @@ def _process(
     rules: Rules,
     start_ms: int | None,
     watermark_ms: int,
-    batches: Iterator[pa.RecordBatch],
+    event_rows: pa.Table,
+    state_rows: pa.Table,
     markers: bool,
-    changes: bool = False,
+    changes: bool,
+    started: float,
 ) -> list[pa.RecordBatch]:
-    """One partition's rows in; its rows out (see the module doc's steps)."""
+    """One partition's events and state rows (:data:`IN_COLUMNS`) in; its rows out (see
+    the module doc's steps). No rows in, no rows out. ``started``: when the
+    partition's function started (its ``udf_seconds``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    started = time.perf_counter()
-    batch_list = list(batches)
-    if not batch_list or not sum(b.num_rows for b in batch_list):
+    if not event_rows.num_rows and not state_rows.num_rows:
         return []
-    table = pa.Table.from_batches(batch_list)
-    is_state = pc.is_valid(table["state_kind"])
-    event_rows = table.filter(pc.invert(is_state))
-    state_rows = table.filter(is_state)
     out = _Output(pa, rules.names)
     if state_rows.num_rows:
         unknown = set(pc.unique(state_rows["rule"]).to_pylist()) - set(rules.names)
@@ -386,7 +480,7 @@ class _Output:
 
     def __init__(self, pa: Any, names: Sequence[str]) -> None:
         self.pa = pa
-        self.schema = pa.schema([(name, _ARROW_TYPES[kind](pa)) for name, kind in OUT_COLUMNS])
+        self.schema = out_schema()
         self.rule_names = pa.array(names, pa.string())
         self.batches: list[Any] = []
         self.outcomes: Counter[str] = Counter()
@@ -399,25 +493,33 @@ class _Output:
         self.batches.extend(table.to_batches())
         return table
 
+    def _repeat(self, value: str, n: int) -> Any:
+        return self.pa.array([value] * n, self.pa.string())
+
+    def _state_rows(self, kind: Any, change: str, state: Any) -> None:
+        """Carried ``state`` rows (:data:`IN_COLUMNS`) as rows of ``kind``, marked ``change``."""
+        import pyarrow.compute as pc
+
+        n = state.num_rows
+        pending = self.pa.scalar(STATE_PENDING, self.pa.string())
+        self._add(n, {
+            "kind": kind, "state_kind": state["state_kind"], "change": self._repeat(change, n),
+            "rule": state["rule"], "key": state["key"], "id": state["event_id"],
+            "time": state["time"], "deadline": state["deadline"],
+            "outcome": pc.if_else(pc.equal(state["state_kind"], pending), pending, None),
+        })  # fmt: skip
+
     def carried(self, state: Any) -> None:
-        """The untouched state rows, column for column, marked ``unchanged``. O(rows)."""
+        """The untouched state rows, column for column, as they came (``kept``). O(rows)."""
         if state.num_rows:
-            self._add(state.num_rows, {
-                "kind": state["state_kind"], "rule": state["rule"], "key": state["key"],
-                "id": state["event_id"], "time": state["time"], "deadline": state["deadline"],
-                "unchanged": self.pa.array([True] * state.num_rows, self.pa.bool_()),
-            })  # fmt: skip
+            self._state_rows(state["state_kind"], CHANGE_KEPT, state)
 
     def replaced(self, state: Any) -> None:
-        """The state rows the processor took in, as ``replaced`` rows with their kind
-        in ``state_kind``: what the next state no longer holds as it came (the
-        processor's ``pending`` and ``expired`` rows hold what it holds). O(rows)."""
+        """The state rows the processor took in, as ``replaced`` rows (``removed``) with
+        their kind in ``state_kind``: what the next state no longer holds as it came
+        (the processor's ``pending`` and ``expired`` rows hold what it holds). O(rows)."""
         if state.num_rows:
-            self._add(state.num_rows, {
-                "kind": self.pa.array(["replaced"] * state.num_rows, self.pa.string()),
-                "state_kind": state["state_kind"], "rule": state["rule"], "key": state["key"],
-                "id": state["event_id"], "time": state["time"], "deadline": state["deadline"],
-            })  # fmt: skip
+            self._state_rows(self._repeat("replaced", state.num_rows), CHANGE_REMOVED, state)
 
     def _rows(self, kind: str, rows: Sequence[tuple[Any, ...]], fields: Sequence[str]) -> Any:
         """Rows of the processor's raw tuples (``fields`` name their items; ``rule`` is
@@ -430,13 +532,18 @@ class _Output:
         items = pa.array(rows, pa.struct([(name, self._item_type(name)) for name in fields]))
         given = dict(zip(fields, items.flatten(), strict=True))
         given.pop("_", None)
-        arrays = {"kind": pa.array([kind] * n, pa.string())}
+        arrays = {"kind": self._repeat(kind, n)}
         arrays["rule"] = self.rule_names.take(given.pop("rule"))
         arrays.update(given)
         if kind == "outcome":
             import pyarrow.compute as pc
 
             arrays["latency_ms"] = pc.subtract(arrays["resolved_at"], arrays["time"])
+        elif kind in (STATE_PENDING, STATE_EXPIRED):  # the next state's: made here
+            arrays["state_kind"] = arrays["kind"]
+            arrays["change"] = self._repeat(CHANGE_ADDED, n)
+            if kind == STATE_PENDING:  # an outcome to a batch run (its ``outcomes`` table)
+                arrays["outcome"] = arrays["kind"]
         return self._add(n, arrays)
 
     def _item_type(self, name: str) -> Any:

@@ -1,10 +1,13 @@
-"""Where a run's purgatory runs, and how wide: :class:`Placement`, from the run's sizes.
+"""Where a run's Arrow half runs, and how wide: :class:`Placement`, from the run's sizes.
 
-The batch driver gives the purgatory its key-hash partitions and lets Spark
-write the tables. A stream's micro-batch takes a partition per
-:data:`MICRO_BATCH_ROWS_PER_PARTITION` rows instead: one that fits a partition
-has its tables written by the driver, and one within :data:`DRIVER_ROWS` is held
-in the driver whole.
+Spark parses, Arrow decides: once the records are classified (in Catalyst),
+the rest of the step is Arrow functions (:mod:`.fanout`, :mod:`.partition`,
+:mod:`.outputs`), and the placement says where they run. A micro-batch small
+enough runs them in the driver, on the records its one Spark job collected,
+with no plan after it; anything larger, and the batch job, runs them on the
+executors, the purgatory one ``mapInArrow`` per key-hash partition after a
+shuffle. Where the stream's state is held is another question
+(:mod:`tickwheel.pipeline.stream.resident`).
 """
 
 from __future__ import annotations
@@ -13,61 +16,55 @@ from dataclasses import dataclass
 
 __all__ = ["DRIVER_ROWS", "MICRO_BATCH_ROWS_PER_PARTITION", "Placement"]
 
-#: The stream's purgatory takes one partition per this many rows (the new kept
-#: events and the carried state), up to ``partitions``. Each partition costs a
-#: task in the purgatory and in each of its writes, about as much as the
-#: purgatory spends on this many rows on one core: a small micro-batch gains
-#: nothing from a second partition.
+#: On the executors, the stream's purgatory takes one partition per this many rows (the
+#: new kept events and the carried operations it takes in), up to ``partitions``.
+#: Each partition costs a task in the purgatory and in each of its writes, about as
+#: much as the purgatory spends on this many rows on one core: a small micro-batch
+#: gains nothing from a second partition.
 MICRO_BATCH_ROWS_PER_PARTITION = 50_000
 
-#: A micro-batch of one partition with at most this many records and this many
-#: rows in its purgatory is held in the driver (:attr:`Placement.runs_in_driver`).
-#: Its queries then need no shuffle and no cache, but Spark evaluates them row by
-#: row as it plans them, with no generated code: below some 10,000 rows that
-#: costs less than the jobs it saves, and above it more (``docs/benchmarks.md``).
-DRIVER_ROWS = 10_000
+#: A micro-batch with at most this many records and this many rows in its purgatory
+#: runs in the driver (:attr:`Placement.in_driver`): its records are collected by
+#: the job that classifies them, and everything after is Arrow in the driver's
+#: memory, with no Spark plan; a partition's worth, the executors' unit of work.
+DRIVER_ROWS = MICRO_BATCH_ROWS_PER_PARTITION
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a run's purgatory runs, and how wide, from its sizes (:meth:`of`).
+    """Where a run's Arrow half runs, and how wide, from its sizes (:meth:`of`).
 
-    ``driver_writes``: the run fits one partition, so its tables are small
-    enough for the driver to collect and write (:func:`.frames.write_parquet`).
-    ``runs_in_driver``: it is written by the driver and has at most
-    :data:`DRIVER_ROWS` records and purgatory rows, so
-    it is held in the driver whole: its classified records as a local
-    relation (:func:`.frames.driver_copy`), its one partition run there
-    (:func:`.partition.run_partition_on_arrow`: no shuffle, no Python
-    worker), its tables and next state read from those rows with no shuffle
-    and no scan of a cache.
+    ``in_driver``: the run's records were collected to the driver and its
+    purgatory's rows are few (:meth:`driver_rows`), so its fan-out, purgatory
+    and tables run there on Arrow (:func:`.partition.run_partition`), and its
+    tables are written there. Else they run on the executors in ``partitions``
+    key-hash partitions (:func:`.partition.run_partitions`), and Spark's writer
+    writes the tables.
     """
 
     partitions: int
-    driver_writes: bool = False
-    runs_in_driver: bool = False
+    in_driver: bool = False
 
     @classmethod
     def of(cls, partitions: int, per: int | None, records: int, rows: int | None) -> Placement:
         """The placement of a run of ``records`` records and ``rows`` purgatory rows
-        (the new kept events and the carried state's rows; None: unknown). O(1).
+        (the new kept events and the carried operations it takes in; None: unknown).
+        O(1).
 
         With ``per`` (:attr:`.step.StepOptions.rows_per_partition`) None, or the rows
-        unknown: ``partitions``, written by Spark (the batch driver).
-        Else one partition per ``per`` rows, at least one and at most
-        ``partitions``; written by the driver when records and rows are at most ``per``.
+        unknown: the executors, ``partitions`` wide (the batch driver). Else one
+        partition per ``per`` rows, at least one and at most ``partitions``; in the
+        driver when records and rows are at most :meth:`driver_rows`.
         """
         if per is None or rows is None:
             return cls(partitions)
-        largest = max(records, rows)
         return cls(
             partitions=max(1, min(partitions, -(-rows // per))),
-            driver_writes=largest <= per,
-            runs_in_driver=largest <= cls.driver_rows(per),
+            in_driver=max(records, rows) <= cls.driver_rows(per),
         )
 
     @staticmethod
     def driver_rows(per: int) -> int:
-        """The most records, and the most purgatory rows, of a run held in the driver
-        when a partition takes ``per`` rows: :data:`DRIVER_ROWS`, or ``per`` if fewer. O(1)."""
+        """The most records, and the most purgatory rows, of a run in the driver when a
+        partition takes ``per`` rows: :data:`DRIVER_ROWS`, or ``per`` if fewer. O(1)."""
         return min(per, DRIVER_ROWS)

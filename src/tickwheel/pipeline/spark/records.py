@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..rules import Rules
-from .frames import PARAMETER_PREFIX, sql_in, sql_name, sql_string
+from .frames import PARAMETER_PREFIX, Step, apply_steps, sql_in, sql_name, sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -58,9 +58,12 @@ __all__ = [
     "MISSING_FILE",
     "RECORDS_DDL_PREFIX",
     "input_form",
+    "json_value_steps",
     "key_column",
     "parse_max_future",
     "parse_records",
+    "parse_steps",
+    "parsed_columns",
     "raw_text_columns",
     "record_fields_frame",
     "rejected_records",
@@ -173,7 +176,14 @@ def record_fields_frame(records: DataFrame, rules: Rules, form: str) -> DataFram
 
 
 def _from_json_values(records: DataFrame, rules: Rules) -> DataFrame:
-    """JSON text, one object per row, parsed with ``from_json`` (each keeps its raw text).
+    """JSON text, one object per row: :func:`json_value_steps` as DataFrame calls."""
+    return apply_steps(records, json_value_steps(rules))
+
+
+def json_value_steps(rules: Rules) -> list[Step]:
+    """The steps (:func:`.frames.steps_sql`) that parse a ``value`` of JSON text, one
+    object per row, with ``from_json``: each keeps its raw text, in the columns of
+    :func:`record_fields_frame`.
 
     ``value`` is taken as text; bytes are taken as they are (invalid UTF-8 is
     kept, see above). SQL text: one call into the JVM per column.
@@ -181,17 +191,17 @@ def _from_json_values(records: DataFrame, rules: Rules) -> DataFrame:
     fields = rules.record_fields
     schema = ", ".join(f"{sql_name(name)} STRING" for name in (*fields, CORRUPT))
     options = f"map('mode', 'PERMISSIVE', 'columnNameOfCorruptRecord', {sql_string(CORRUPT)})"
-    parsed = (
-        records.selectExpr("CAST(value AS STRING) AS raw")
-        .where("trim(raw) != ''")
-        .selectExpr("raw", f"from_json(raw, {sql_string(schema)}, {options}) AS s")
-    )
-    return parsed.selectExpr(
-        "raw",
-        f"s IS NULL OR s.{sql_name(CORRUPT)} IS NOT NULL AS malformed",
-        "CAST(NULL AS STRING) AS rejected",
-        *[f"s.{sql_name(name)} AS {sql_name(f'f_{name}')}" for name in fields],
-    )
+    return [
+        ("select", ["CAST(value AS STRING) AS raw"]),
+        ("where", "trim(raw) != ''"),
+        ("select", ["raw", f"from_json(raw, {sql_string(schema)}, {options}) AS s"]),
+        ("select", [
+            "raw",
+            f"s IS NULL OR s.{sql_name(CORRUPT)} IS NOT NULL AS malformed",
+            "CAST(NULL AS STRING) AS rejected",
+            *[f"s.{sql_name(name)} AS {sql_name(f'f_{name}')}" for name in fields],
+        ]),
+    ]  # fmt: skip
 
 
 def _field_text(records: DataFrame, name: str) -> Column:
@@ -320,39 +330,49 @@ def _reason(rules: Rules, max_time: int | str | None) -> str:
 
 
 def parse_records(records: DataFrame, rules: Rules, max_time: int | str | None = None) -> DataFrame:
-    """Validate ``records`` (from :func:`record_fields_frame`) with Spark SQL expressions.
+    """Validate ``records`` (from :func:`record_fields_frame`) with Spark SQL expressions:
+    :func:`parse_steps` as DataFrame calls, the run parameters (columns whose names
+    start with ``_p_``) kept. Lazy."""
+    params = [c for c in records.columns if c.startswith(PARAMETER_PREFIX)]
+    return apply_steps(records, parse_steps(rules, max_time, params))
+
+
+def parsed_columns(rules: Rules, params: Sequence[str] = ()) -> list[str]:
+    """The columns of the parsed records (:func:`parse_steps`), in order. O(key fields)."""
+    keys = [key_column(i) for i in range(len(rules.key_fields))]
+    return ["raw", "reason", "event_id", "event_type", "time", "seq", *keys, "relevant", *params]
+
+
+def parse_steps(rules: Rules, max_time: int | str | None, params: Sequence[str]) -> list[Step]:
+    """The steps (:func:`.frames.steps_sql`) that validate records of the columns of
+    :func:`record_fields_frame`, with Spark SQL expressions.
 
     ``max_time`` is the far-future guard's limit: a later event time is
     rejected as ``far_future`` (None: no guard). It is epoch ms, or the name
     of a column, such as a run parameter's, so that the query's code does not
-    change with it.
+    change with it. ``params`` names columns passed through (run parameters).
 
-    Output columns: ``raw``, ``reason`` (None for a valid record), ``event_id``,
-    ``event_type``, ``time`` (epoch ms), ``seq``, ``k0..kN`` (one per key field of
-    the rules, see :func:`key_column`), ``relevant`` (some rule uses the type), and
-    the columns of ``records`` whose names start with ``_p_`` (run parameters). Lazy.
-
-    The expressions are SQL text: each column is one call into the JVM, where
-    one built from ``Column`` objects takes one call per operator, and a
-    micro-batch plans this stage again each time.
+    Output columns (:func:`parsed_columns`): ``raw``, ``reason`` (None for a valid
+    record), ``event_id``, ``event_type``, ``time`` (epoch ms), ``seq``,
+    ``k0..kN`` (one per key field of the rules, see :func:`key_column`),
+    ``relevant`` (some rule uses the type), and ``params``.
     """
     cfg = rules.input
     id_text, type_text = _field(cfg.id), _field(cfg.type)
     # The time and the sequence (regular expressions and casts) are computed once
     # per record in this projection; the checks below only read the columns.
     # Spark keeps the two projections apart because the expressions are not cheap.
-    records = records.selectExpr(
-        "*", f"{_time_ms(_field(cfg.time))} AS _time", f"{_sequence(rules)} AS _seq"
-    )
-    params = [sql_name(c) for c in records.columns if c.startswith(PARAMETER_PREFIX)]
-    return records.selectExpr(
-        "raw",
-        f"{_reason(rules, max_time)} AS reason",
-        f"CASE WHEN NOT {_missing(id_text)} THEN {id_text} END AS event_id",
-        f"{type_text} AS event_type",
-        "_time AS `time`",
-        "_seq AS seq",
-        *[f"{_field(name)} AS {key_column(i)}" for i, name in enumerate(rules.key_fields)],
-        f"{used_type(rules, type_text)} AS relevant",
-        *params,
-    )
+    return [
+        ("select", ["*", f"{_time_ms(_field(cfg.time))} AS _time", f"{_sequence(rules)} AS _seq"]),
+        ("select", [
+            "raw",
+            f"{_reason(rules, max_time)} AS reason",
+            f"CASE WHEN NOT {_missing(id_text)} THEN {id_text} END AS event_id",
+            f"{type_text} AS event_type",
+            "_time AS `time`",
+            "_seq AS seq",
+            *[f"{_field(name)} AS {key_column(i)}" for i, name in enumerate(rules.key_fields)],
+            f"{used_type(rules, type_text)} AS relevant",
+            *[sql_name(name) for name in params],
+        ]),
+    ]  # fmt: skip

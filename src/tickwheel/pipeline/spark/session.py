@@ -45,6 +45,7 @@ __all__ = [
     "default_driver_memory",
     "default_parallelism",
     "is_classic",
+    "is_local_master",
     "job_session",
     "local_python",
     "memory_failure",
@@ -87,6 +88,22 @@ def default_parallelism(spark: SparkSession) -> int:
         row = ids.agg(F.max("p")).first()
         _PARALLELISM[session_id] = 1 + int(row[0]) if row is not None else 1
     return _PARALLELISM[session_id]
+
+
+#: Connect sessions' masters, by session id (one call each).
+_MASTERS: dict[str, str] = {}
+
+
+def is_local_master(spark: SparkSession) -> bool:
+    """Whether ``spark``'s master is local (``local[N]``): its tasks run as threads of one
+    JVM, so spreading a small query over partitions gains no machine, only a
+    shuffle. O(1); on Spark Connect one call, the first time per session."""
+    if is_classic(spark):
+        return str(spark.sparkContext.master).startswith("local")
+    session_id = str(getattr(spark, "session_id", id(spark)))
+    if session_id not in _MASTERS:
+        _MASTERS[session_id] = str(spark.conf.get("spark.master", ""))
+    return _MASTERS[session_id].startswith("local")
 
 
 def set_log_level(spark: SparkSession, level: str) -> None:

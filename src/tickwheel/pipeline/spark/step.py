@@ -1,16 +1,19 @@
 """The one step: records in, delayed operations' outcomes out, on any Spark DataFrame.
 
-:class:`DelayedOperations` runs the stages in order; each is one module of
-this package:
+Spark parses, Arrow decides. :class:`DelayedOperations` runs the stages in
+order; each is one module of this package:
 
 1. :mod:`.records`: read and validate the records, whatever their form;
 2. :mod:`.classify`: classify and deduplicate them, with the events carried
-   from earlier micro-batches, in one window by event id (persisted);
-3. :mod:`.watermark`: count them in one aggregate, and advance the watermark;
+   from earlier micro-batches, in one window by event id;
+
+   (both in Catalyst, in one Spark job that counts the records too; then, as
+   Arrow functions, in the driver or on the executors as :mod:`.placement`
+   says:)
+3. :mod:`.watermark`: the counts, and the watermark;
 4. :mod:`.fanout`: one row per (kept event, rule using its type);
 5. :mod:`.partition`: with the carried operations, by (rule, key), through one
-   purgatory per partition (persisted; a small micro-batch's one partition
-   runs in the driver: :data:`.placement.DRIVER_ROWS`);
+   purgatory per partition;
 6. :mod:`.outputs`: the tables, the next state and the counters.
 
 Two drivers call it. The batch driver (:func:`delayed_operations`, and
@@ -30,51 +33,50 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..rules import Rules, load_rules
-from .classify import C_EVENT, classify
-from .fanout import rule_events
+from .classify import classify
+from .fanout import APPLIED_EVENTS, events_to_apply, routed_events, rule_events
 from .frames import (
-    driver_copy,
+    Step,
+    TempViews,
     empty_frame,
     from_arrow,
+    parameter_columns,
     parameter_name,
     run_parameters,
     sql_name,
+    steps_sql,
     to_arrow,
-    with_parameters,
 )
 from .outputs import (
+    BUFFERED,
     OPS_COLUMNS,
+    OPS_ROWS,
+    OUTCOMES,
+    OUTCOMES_WITH_PENDING,
+    REJECTED,
+    UNMATCHED,
     PartitionStats,
-    buffered_table,
-    late_table,
-    next_events,
-    next_ops,
-    ops_changes,
-    ops_rows,
-    outcome_table,
-    rejected_table,
-    unmatched_table,
+    Shape,
+    late_shape,
+    next_events_shape,
+    split_ops,
+    split_ops_frame,
 )
-from .partition import (
-    IN_COLUMNS,
-    OUT_DDL,
-    run_partition_on_arrow,
-    run_partitions,
-    state_input_frame,
-    state_inputs,
-)
+from .partition import OUT_DDL, out_schema, run_partition, run_partitions
 from .placement import Placement
 from .records import (
     DEFAULT_MAX_FUTURE_MS,
     input_form,
+    json_value_steps,
     key_column,
     parse_max_future,
-    parse_records,
+    parse_steps,
+    parsed_columns,
     record_fields_frame,
     rejected_records,
     used_type,
 )
-from .session import default_parallelism
+from .session import default_parallelism, is_local_master
 from .watermark import RecordCounts, advance_watermark
 
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = [
+    "TABLES",
     "CarriedOps",
     "CarriedState",
     "DelayedOperations",
@@ -104,7 +107,7 @@ class CarriedOps(Protocol):
 class CarriedState:
     """What a stream carries from one micro-batch to the next.
 
-    ``events`` has the columns of :func:`.outputs.next_events`, ``ops`` those
+    ``events`` has the columns of :func:`.outputs.next_events_shape`, ``ops`` those
     of :data:`.outputs.OPS_COLUMNS`; either may be None (nothing carried).
     ``rows`` is their number of rows together, when known (it sizes the
     purgatory: :attr:`StepOptions.rows_per_partition`). ``held_ops``, instead
@@ -135,19 +138,30 @@ class StepOptions:
     refused: Sequence[tuple[str, str]] = ()  # (raw, reason) of records refused before reading
     event_times: Sequence[int] = ()  # more event times seen (the stream's heartbeats)
     # None: the purgatory runs in ``partitions``. Else one partition per this many
-    # rows, up to ``partitions`` (the stream: .placement.MICRO_BATCH_ROWS_PER_PARTITION).
+    # rows, up to ``partitions`` (the stream: .placement.MICRO_BATCH_ROWS_PER_PARTITION),
+    # and a run small enough runs in the driver (.placement.Placement).
     rows_per_partition: int | None = None
+    # The records are expected few enough for the driver (a stream's last micro-batch
+    # was): they are classified in one partition, with no shuffle and no cache.
+    expect_driver: bool = False
 
 
 class DelayedOperations:
-    """The step over one records frame: lazy tables, with their shared stages persisted.
+    """The step over one records frame: lazy tables, in Arrow or in Spark as it is placed.
 
-    The first table or count asked for runs the stages it needs; the
-    classified records and the partitions' rows are persisted, so reading all
-    the tables runs each stage once. :meth:`unpersist` (or leaving a ``with``
-    block) releases them. Costs: classifying is one shuffle by event id and a
-    sort; the purgatory one shuffle by (rule, key), a sort in each partition
-    and O(1) per event (amortised) in the timing wheel.
+    Spark parses: the records are read, validated and classified in Catalyst
+    (stages 1-2), in one job that also counts them. Arrow decides: everything
+    after (the watermark, the fan-out, the carried operations taken in, the
+    purgatory, the tables) is Arrow functions, run where the
+    :class:`~.placement.Placement` says: in the driver, for a micro-batch small
+    enough to collect, with no Spark plan after its one job; else on the
+    executors, the classified records persisted and the purgatory one
+    ``mapInArrow`` after a shuffle by key. :meth:`unpersist` (or leaving a
+    ``with`` block) releases what Spark persisted. Costs: classifying is one
+    shuffle by event id and a sort (none for a micro-batch expected small:
+    :attr:`StepOptions.expect_driver`); on the executors the purgatory is one
+    shuffle by key and a sort in each partition; O(1) per event (amortised) in
+    the timing wheel.
     """
 
     def __init__(
@@ -177,37 +191,49 @@ class DelayedOperations:
         now_ms = int(time.time() * 1000) if opts.now_ms is None else opts.now_ms
         self.future_limit = None if opts.max_future_ms is None else now_ms + opts.max_future_ms
         self.form = input_form(records, rules, opts.input_format)
-        # This run's values as data, not literals: see frames.run_parameters.
-        self.params = run_parameters(spark, limit=self.future_limit, w_prev=self.state.watermark)
-        self._classified_plan = classify(
-            self._parsed(records),
-            len(rules.key_fields),
-            self.partitions,
-            carried=self._carried_events(),
-            keep_raw=opts.carry,
-        )
-        self._classified: DataFrame | None = None
-        self._records_in_driver = False  # the classified records held in the driver
+        self._records = records
+        self._views = TempViews(spark)  # the query's inputs, while the step is in use
+        self._classified: DataFrame | None = None  # persisted, or the held records' relation
+        self._held_records: pa.Table | None = None  # the classified records held in the driver
         self._touched: pa.Table | None = None  # the held operations taken in
         self._counts: RecordCounts | None = None
-        self._rows: DataFrame | None = None
+        self._rows: DataFrame | None = None  # the partitions' rows, on the executors
+        self._held_rows: pa.Table | None = None  # the partitions' rows, in the driver
         self._stats: PartitionStats | None = None
 
-    # -- stages 1-2 --------------------------------------------------------------
-    def _parsed(self, records: DataFrame) -> DataFrame:
-        fields = record_fields_frame(records, self.rules, self.form)
-        refused = rejected_records(self.spark, self.rules, self.options.refused)
+    # -- stages 1-2: Spark parses ------------------------------------------------------
+    def _classified_plan(self, partitions: int | None) -> DataFrame:
+        """Stages 1-2 planned: the records read, validated and classified, with the carried
+        events, in one window by event id over ``partitions`` partitions (None: one
+        partition, no shuffle). One query in SQL text over views of the records (and
+        the carried events), analysed once. Lazy."""
+        rules, views = self.rules, self._views
+        if self.form == "json":
+            fields = steps_sql(views.of(self._records), json_value_steps(rules))
+        else:
+            fields = (
+                f"SELECT * FROM {views.of(record_fields_frame(self._records, rules, self.form))}"
+            )
+        refused = rejected_records(self.spark, rules, self.options.refused)
         if refused is not None:
-            fields = fields.unionByName(refused)
+            fields = f"{fields} UNION ALL SELECT * FROM {views.of(refused)}"
+        # This run's values as data, not literals: see frames.parameter_sql.
+        values = {"limit": self.future_limit, "w_prev": self.state.watermark}
+        params = [parameter_name(name) for name in values]
+        with_values: Step = ("select", ["*", *parameter_columns(**values)])
         limit = None if self.future_limit is None else parameter_name("limit")
-        return parse_records(with_parameters(fields, self.params), self.rules, limit)
+        parsed = steps_sql(f"({fields})", [with_values, *parse_steps(rules, limit, params)])
+        carried = None
+        if self.state.events is not None:
+            carried = steps_sql(views.of(self.state.events), [with_values, self._carried_events()])
+        return self.spark.sql(classify(
+            parsed, parsed_columns(rules, params), len(rules.key_fields), partitions, carried,
+            keep_raw=self.options.carry,
+        ))  # fmt: skip
 
-    def _carried_events(self) -> DataFrame | None:
-        """The carried events in the columns of the parsed records."""
-        events = self.state.events
-        if events is None:
-            return None
-        return with_parameters(events, self.params).selectExpr(
+    def _carried_events(self) -> Step:
+        """The step that gives the carried events the columns of the parsed records."""
+        return ("select", [
             "raw",
             "CAST(NULL AS STRING) AS reason",
             "event_id",
@@ -217,22 +243,20 @@ class DelayedOperations:
             *[f"{sql_name(f'k_{name}')} AS {key_column(i)}"
               for i, name in enumerate(self.rules.key_fields)],
             f"{used_type(self.rules, 'event_type')} AS relevant",
-            *[sql_name(c) for c in self.params],
-        )  # fmt: skip
+            *[sql_name(parameter_name(name)) for name in ("limit", "w_prev")],
+        ])  # fmt: skip
 
     def classified(self) -> DataFrame:
-        """The classified records (:func:`.classify.classify`), persisted on first use.
-
-        Once counted, a micro-batch small enough (:attr:`Placement.runs_in_driver`)
-        has them held in the driver instead (:func:`.frames.driver_copy`): its
-        purgatory's input and its tables then read them with no shuffle and no
-        scan of a cache.
-        """
+        """The classified records (:func:`.classify.classify`) as a frame: persisted on
+        first use, or, once counted, those held in the driver as a local relation."""
         if self._classified is None:
-            self._classified = _persisted(self._classified_plan)
+            if self._held_records is not None:
+                self._classified = from_arrow(self.spark, self._held_records)
+            else:
+                self._classified = _persisted(self._classified_plan(self.partitions))
         return self._classified
 
-    # -- stage 3 -------------------------------------------------------------------
+    # -- stage 3: the counts and the watermark ----------------------------------------
     def counts(self) -> RecordCounts:
         """The records' counts: the first action, which classifies them (a small
         micro-batch's in the one job that collects them: :meth:`_collected_if_few`). Cached."""
@@ -241,38 +265,35 @@ class DelayedOperations:
             if collected is None:
                 self._counts = RecordCounts.collect(self.classified())
             else:
+                if self._classified is not None:  # persisted before they proved few
+                    self._classified.unpersist()
+                    self._classified = None
+                self._held_records = collected
                 self._counts = RecordCounts.of_table(collected)
-            if self._records_placement().runs_in_driver:  # known from the counts
-                cached = self.classified()
-                self._classified = driver_copy(cached, collected)
-                self._records_in_driver = True
-                cached.unpersist()
         return self._counts
 
     def _collected_if_few(self) -> pa.Table | None:
         """The classified records as Arrow, when there may be few enough to hold in the
-        driver (:attr:`Placement.runs_in_driver`) and are: one job that reads, classifies
-        and hands them over, counted then in the driver. None when more: their counts
-        are then an aggregate over the cached frame, so a larger micro-batch pays one
-        more job and the transfer of its first rows. O(records)."""
+        driver (:meth:`Placement.driver_rows`) and are: one job that reads, classifies
+        and hands them over. None when more: they are then persisted, and counted by
+        one aggregate. O(records).
+
+        A micro-batch expected small (:attr:`StepOptions.expect_driver`) is classified
+        without a cache, and on a local master in one partition, with no shuffle
+        (a cluster's shuffle keeps the records' scan on many executors, near their
+        files); if it proves larger, it is classified again, persisted.
+        """
         per = self.options.rows_per_partition
         if per is None:
             return None
         most = Placement.driver_rows(per)
-        collected = self.classified().limit(most + 1).toArrow()
-        return collected if collected.num_rows <= most else None
-
-    def _records_placement(self) -> Placement:
-        """Where the records go, from the counts: held in the driver when the run, the
-        carried operations it takes in aside (held ones are known only from the
-        records' keys: :meth:`touched_ops`), fits :attr:`Placement.runs_in_driver`."""
-        state, counts = self.state, self.counts()
-        if state.held_ops is not None:
-            rows: int | None = counts.kept
+        if self.options.expect_driver:
+            one = is_local_master(self.spark)
+            plan = self._classified_plan(None if one else self.partitions)
         else:
-            unknown = state.rows is None and (state.events is not None or state.ops is not None)
-            rows = None if unknown else counts.kept + (state.rows or 0)
-        return Placement.of(self.partitions, self.options.rows_per_partition, counts.records, rows)
+            plan = self.classified()
+        collected = plan.limit(most + 1).toArrow()
+        return collected if collected.num_rows <= most else None
 
     @property
     def watermark(self) -> int | None:
@@ -288,52 +309,40 @@ class DelayedOperations:
         times = (self.state.max_time, self.counts().max_time, *self.options.event_times)
         return advance_watermark(self.state.watermark, times, self.rules.input.allowed_lateness_ms)
 
-    # -- stages 4-5 ------------------------------------------------------------------
-    def rows(self) -> DataFrame:
-        """The partitions' rows (:data:`.partition.OUT_COLUMNS`), persisted on first use.
-
-        A micro-batch small enough (:attr:`Placement.runs_in_driver`) has its one
-        partition run in the driver (:func:`.partition.run_partition_on_arrow`),
-        with no shuffle and no Python worker; its rows are then held there.
-        """
-        if self._rows is None:
-            watermark = self.watermark
-            if watermark is None:  # no event, nothing carried: no partition has rows
-                self._rows = empty_frame(self.spark, OUT_DDL)
-            elif self.placement.runs_in_driver:
-                self._rows = run_partition_on_arrow(
-                    self.spark,
-                    self._partition_input_table(),
-                    self.rules,
-                    self.state.watermark,
-                    watermark,
-                    markers=self.options.carry,
-                    changes=self.options.carry,
-                )
-            else:
-                self._rows = _persisted(
-                    run_partitions(
-                        self._partition_inputs(),
-                        self.rules,
-                        self.placement.partitions,
-                        self.state.watermark,
-                        watermark,
-                        markers=self.options.carry,
-                        changes=self.options.carry,
-                    )
-                )
-        return self._rows
-
+    # -- where Arrow decides ------------------------------------------------------------
     @property
     def placement(self) -> Placement:
         """Where and how wide the purgatory runs (:class:`Placement`): from the records
         and the rows it takes in, the kept events and the carried operations (of held
         ones, those it touches: :meth:`touched_ops`). O(1) once counted and taken."""
-        if self.state.held_ops is None:
-            return self._records_placement()
-        counts = self.counts()
-        rows = counts.kept + self.touched_ops().num_rows
+        counts, state = self.counts(), self.state
+        if state.held_ops is not None:
+            rows: int | None = counts.kept + self.touched_ops().num_rows
+        elif state.rows is None and (state.events is not None or state.ops is not None):
+            rows = None  # unknown
+        else:
+            rows = counts.kept + (state.rows or 0)
         return Placement.of(self.partitions, self.options.rows_per_partition, counts.records, rows)
+
+    @property
+    def records_in_driver(self) -> bool:
+        """Whether the classified records were few enough to collect to the driver, where
+        they are held (needs :meth:`counts`). O(1)."""
+        self.counts()
+        return self._held_records is not None
+
+    @property
+    def in_driver(self) -> bool:
+        """Whether the step after the records' job runs in the driver, on Arrow. O(1) once
+        counted and taken."""
+        return self.placement.in_driver
+
+    def _rule_events(self) -> pa.Table:
+        """The events the purgatory applies, one row per rule (:func:`.fanout.rule_events`),
+        as Arrow in the driver: from the records held there, else collected (one job)."""
+        if self._held_records is not None:
+            return rule_events(events_to_apply(self._held_records), self.rules)
+        return rule_events(self.classified().where(APPLIED_EVENTS).toArrow(), self.rules)
 
     def touched_ops(self) -> pa.Table:
         """The held operations this micro-batch can change, taken out of
@@ -351,7 +360,7 @@ class DelayedOperations:
                 return self._touched
             import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-            keys = to_arrow(self._event_inputs().select("rule", "key"))
+            keys = self._rule_events()
             by_rule = {
                 rule.name: keys.filter(pc.equal(keys["rule"], rule.name))["key"]
                 for rule in self.rules.rules
@@ -359,115 +368,162 @@ class DelayedOperations:
             self._touched = held.take_touched(by_rule, watermark)
         return self._touched
 
-    def _event_inputs(self) -> DataFrame:
-        """The kept events not applied yet, one row per rule, in :data:`.partition.IN_COLUMNS`."""
-        kept = self.classified().where(f"c = {C_EVENT} AND NOT applied")
-        given = ("rule", "key", "time", "seq", "event_id", "event_type")
-        return rule_events(kept, self.rules).selectExpr(
-            *[sql_name(name) if name in given else f"CAST(NULL AS {ddl}) AS {name}"
-              for name, ddl in IN_COLUMNS]
-        )  # fmt: skip
+    # -- stages 4-5: the fan-out and the purgatory ----------------------------------------
+    def rows(self) -> DataFrame:
+        """The partitions' rows (:data:`.partition.OUT_COLUMNS`) as a frame: persisted on
+        first use, or, in the driver, a local relation of its rows."""
+        if self.in_driver:
+            return from_arrow(self.spark, self._rows_in_driver())
+        return self._rows_on_executors()
 
-    def _carried_ops(self) -> DataFrame | None:
-        """The carried operations the purgatory takes in (of held ones, those touched)."""
+    def _rows_in_driver(self) -> pa.Table:
+        """The purgatory's one partition run in the driver (:func:`.partition.run_partition`),
+        from the records and the operations held there: no plan, no Python worker."""
+        if self._held_rows is None:
+            watermark = self.watermark
+            if watermark is None:  # no event, nothing carried: no partition has rows
+                self._held_rows = out_schema().empty_table()
+            else:
+                self._held_rows = run_partition(
+                    self._rule_events(),
+                    self._carried_ops_table(),
+                    self.rules,
+                    self.state.watermark,
+                    watermark,
+                    markers=self.options.carry,
+                    changes=self.options.carry,
+                )
+        return self._held_rows
+
+    def _carried_ops_table(self) -> pa.Table | None:
+        """The carried operations the purgatory takes in, as Arrow in the driver."""
         if self.state.held_ops is not None:
-            return from_arrow(self.spark, self.touched_ops())
-        return self.state.ops
+            return self.touched_ops()
+        if self.state.ops is not None:
+            return to_arrow(self.state.ops)
+        return None
 
-    def _partition_inputs(self) -> DataFrame:
-        """The kept events not applied yet, one row per rule, and the carried operations."""
-        events, ops = self._event_inputs(), self._carried_ops()
-        if ops is None:
-            return events
-        return events.unionByName(state_input_frame(ops))
-
-    def _partition_input_table(self) -> pa.Table:
-        """:meth:`_partition_inputs` as Arrow in the driver: the events collected (without a
-        job when the records are held there), the carried operations as they are held."""
-        import pyarrow as pa
-
-        events = to_arrow(self._event_inputs())
-        if self.state.held_ops is not None:
-            ops = state_inputs(self.touched_ops())
-        elif self.state.ops is not None:
-            ops = to_arrow(state_input_frame(self.state.ops))
-        else:
-            return events
-        # Spark says which columns the events never leave null; the operations leave seq null.
-        schema = pa.schema([field.with_nullable(True) for field in events.schema])
-        return pa.concat_tables([events.cast(schema), ops.cast(schema)])
+    def _rows_on_executors(self) -> DataFrame:
+        """The purgatory on the executors (:func:`.partition.run_partitions`), persisted."""
+        if self._rows is None:
+            watermark = self.watermark
+            if watermark is None:  # no event, nothing carried: no partition has rows
+                self._rows = empty_frame(self.spark, OUT_DDL)
+            else:
+                ops = self.state.ops
+                if self.state.held_ops is not None:
+                    ops = from_arrow(self.spark, self.touched_ops())
+                self._rows = _persisted(
+                    run_partitions(
+                        routed_events(self.classified(), self.rules),
+                        ops,
+                        self.rules,
+                        self.placement.partitions,
+                        self.state.watermark,
+                        watermark,
+                        markers=self.options.carry,
+                        changes=self.options.carry,
+                    )
+                )
+        return self._rows
 
     def stats(self) -> PartitionStats:
         """The partitions' counters, merged: the action that runs the purgatory. Cached."""
         if self._stats is None:
-            self._stats = PartitionStats.collect(self.rows())
+            if self.in_driver:
+                self._stats = PartitionStats.of_table(self._rows_in_driver())
+            else:
+                self._stats = PartitionStats.collect(self._rows_on_executors())
         return self._stats
 
     # -- stage 6: the tables -----------------------------------------------------------
+    def tables(self, names: Sequence[str]) -> dict[str, pa.Table | DataFrame]:
+        """The tables ``names`` (of :data:`TABLES`), each as Arrow when the step runs in the
+        driver, else as a lazy frame: a choice of the partitions' rows or of the
+        classified records (:class:`.outputs.Shape`)."""
+        return {name: self._table(name) for name in names}
+
+    def _table(self, name: str) -> pa.Table | DataFrame:
+        shape, source = self._shape(name)
+        values = {"w_prev": self.state.watermark, "w_new": self.watermark}
+        if self.in_driver:
+            rows = self._rows_in_driver() if source == "rows" else self._held_records
+            return shape.of_arrow(rows, values)
+        frame = self._rows_on_executors() if source == "rows" else self.classified()
+        return shape.of_frame(frame, run_parameters(**values))
+
+    def _shape(self, name: str) -> tuple[Shape, str]:
+        """The shape of the table ``name``, and what it is read from: ``rows`` (the
+        partitions') or ``records`` (the classified)."""
+        from_rows = {
+            "outcomes": OUTCOMES_WITH_PENDING,
+            "final_outcomes": OUTCOMES,
+            "unmatched": UNMATCHED,
+            "buffered": BUFFERED,
+            "ops_rows": OPS_ROWS,
+        }
+        if name in from_rows:
+            return from_rows[name], "rows"
+        if name == "rejected":
+            return REJECTED, "records"
+        if name == "late":
+            return late_shape(self.rules), "records"
+        if name == "events":
+            return next_events_shape(self.rules), "records"
+        raise ValueError(f"no table {name!r}; the step's tables are {', '.join(TABLES)}")
+
+    def _frame(self, name: str) -> DataFrame:
+        table = self._table(name)
+        return from_arrow(self.spark, table) if self.in_driver else table
+
     @property
     def outcomes(self) -> DataFrame:
         """Final outcomes and one ``pending`` row per operation still pending at W."""
-        return outcome_table(self.rows(), with_pending=True)
+        return self._frame("outcomes")
 
     @property
     def final_outcomes(self) -> DataFrame:
         """Final outcomes only (completed, expired, cancelled): what the stream writes."""
-        return outcome_table(self.rows(), with_pending=False)
+        return self._frame("final_outcomes")
 
     @property
     def unmatched(self) -> DataFrame:
         """Complete and cancel events that found no pending operation, with the reason."""
-        return unmatched_table(self.rows())
+        return self._frame("unmatched")
 
     @property
     def rejected(self) -> DataFrame:
         """Invalid records and conflicting copies, with the reason and the raw text."""
-        return rejected_table(self.classified())
+        return self._frame("rejected")
 
     @property
     def buffered(self) -> DataFrame:
         """Events above the watermark, one row per rule using their type, not applied."""
-        return buffered_table(self.rows())
+        return self._frame("buffered")
 
     @property
     def late(self) -> DataFrame:
         """Valid records older than the previous watermark (none without carried state)."""
-        return late_table(with_parameters(self.classified(), self.params), self.rules)
+        return self._frame("late")
 
-    def next_state(self) -> dict[str, DataFrame]:
-        """The state the next micro-batch needs: ``events`` and ``ops`` (see CarriedState).
-
-        The events are those at or above the new watermark. Spark compiles that
-        bound into the query's code unless it reads it as data (a run
-        parameter), except over events held in the driver, where it evaluates
-        the filter as it plans it: there the bound is a literal. Needs
-        :attr:`StepOptions.carry`, which keeps the raw text and the expiry
-        markers the next state is made of.
-        """
+    def next_state(self) -> dict[str, pa.Table | DataFrame]:
+        """The state the next micro-batch needs: ``events`` and ``ops`` (see CarriedState),
+        as Arrow in the driver, else as frames. The events are those at or above the
+        new watermark. Needs :attr:`StepOptions.carry`, which keeps the raw text and
+        the expiry markers the next state is made of."""
         if not self.options.carry:
             raise ValueError("next_state needs StepOptions(carry=True): it keeps what is carried")
-        watermark, events = self.watermark, self.classified()
-        if watermark is None:
-            bound = None
-        elif self._records_in_driver:
-            bound = str(watermark)
-        else:
-            events = with_parameters(events, run_parameters(self.spark, w_new=watermark))
-            bound = sql_name(parameter_name("w_new"))
-        return {"events": next_events(events, self.rules, bound), "ops": next_ops(self.rows())}
+        return {"events": self._table("events"), "ops": self.state_changes()["ops"]}
 
-    def state_changes(self) -> dict[str, DataFrame]:
-        """How :meth:`next_state`'s ``ops`` differ from the state carried in: the rows
-        added and removed (:func:`.outputs.ops_changes`), read off the partitions'
-        rows. Needs :attr:`StepOptions.carry`."""
+    def state_changes(self) -> dict[str, pa.Table | DataFrame]:
+        """The carried operations after the purgatory (``ops``) and how they differ from
+        those carried in (``ops.added``, ``ops.removed``): choices of the partitions'
+        rows (:func:`.outputs.split_ops`), with no join against the state before. As
+        Arrow in the driver, else as frames. Needs :attr:`StepOptions.carry`."""
         if not self.options.carry:
             raise ValueError("state_changes needs StepOptions(carry=True)")
-        return ops_changes(self.rows())
-
-    def ops_rows(self) -> DataFrame:
-        """The carried operations with their change (:func:`.outputs.ops_rows`): the
-        next state's ``ops`` and its changes in one frame, collected at once."""
-        return ops_rows(self.rows())
+        rows = self._table("ops_rows")
+        return split_ops(rows) if self.in_driver else split_ops_frame(rows)
 
     def summary(self) -> dict[str, Any]:
         """The counts of ``summary.json``: records by class, rejects by reason, outcomes,
@@ -500,11 +556,14 @@ class DelayedOperations:
         }
 
     def unpersist(self) -> None:
-        """Release the persisted stages (a later table recomputes them). O(1)."""
+        """Release the persisted stages and the query's views: the step is done with.
+        O(1) calls."""
         for frame in (self._rows, self._classified):
             if frame is not None:
                 frame.unpersist()
+        self._views.drop()
         self._rows = self._classified = None
+        self._held_records = self._held_rows = None
         self._counts = self._stats = None
 
     def __enter__(self) -> DelayedOperations:
@@ -512,6 +571,14 @@ class DelayedOperations:
 
     def __exit__(self, *exc: object) -> None:
         self.unpersist()
+
+
+#: The step's tables (:meth:`DelayedOperations.tables`): ``outcomes`` (with the pending
+#: operations) and ``final_outcomes``, ``unmatched``, ``buffered``, ``rejected``,
+#: ``late``; the next state's ``events`` and the carried operations with their change,
+#: ``ops_rows``.
+TABLES = ("outcomes", "final_outcomes", "unmatched", "buffered", "rejected", "late", "events",
+          "ops_rows")  # fmt: skip
 
 
 def _persisted(frame: DataFrame) -> DataFrame:

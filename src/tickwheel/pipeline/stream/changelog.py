@@ -254,11 +254,11 @@ def write_tables(store: StateStore, directory: str, tables: Mapping[str, Any]) -
     (:func:`~..spark.frames.write_arrow_parquet`; an empty change, ``<table>.added``
     or ``.removed``, writes nothing), DataFrames by Spark's writer (a job each).
     Returns the Arrow tables' rows. O(rows)."""
-    from ..spark.frames import write_arrow_parquet
+    from ..spark.frames import is_arrow, write_arrow_parquet
 
     rows: dict[str, int] = {}
     for name, table in tables.items():
-        if not hasattr(table, "num_rows"):  # a DataFrame: counting it would be one more job
+        if not is_arrow(table):  # a DataFrame: counting it would be one more job
             table.write.mode("error").parquet(join(directory, name))
             continue
         rows[name] = int(table.num_rows)

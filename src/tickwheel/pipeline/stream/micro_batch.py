@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..attempt import Attempt
 from ..rules import Rules, format_duration
 from ..spark.classify import EVENT_STATE_COLUMNS
-from ..spark.frames import from_arrow, sql_name, to_arrow
-from ..spark.outputs import OPS_COLUMNS, split_ops
+from ..spark.frames import as_arrow, as_frame, from_arrow, sql_name
+from ..spark.outputs import OPS_COLUMNS, split_ops, split_ops_frame
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from ..spark.watermark import RecordCounts
 from .changelog import rebuild, write_tables
@@ -108,6 +108,7 @@ class MicroBatch:
                 self.batch.records, self.rules, self._step_options(), self.carried_state()
             ) as step:
                 counts = step.counts()
+                self.held.records_fit_driver = step.records_in_driver
                 commit = self.build_commit(step, counts, self.check(step, counts))
                 committed = self.commit(step, commit)
                 more = self._outcome_counts(step, counts) if self.outcome_counts else {}
@@ -132,13 +133,16 @@ class MicroBatch:
 
     def _step_options(self) -> StepOptions:
         """The driver's options with what this batch adds: its plan's processing time,
-        the records refused before reading, the heartbeats, and the carried state."""
+        the records refused before reading, the heartbeats, the carried state, and
+        whether the last micro-batch's records fitted in the driver (this one's are
+        then expected to: :attr:`~..spark.step.StepOptions.expect_driver`)."""
         return dataclasses.replace(
             self.options,
             now_ms=int(self.batch.plan["now_ms"]),
             carry=True,
             refused=self.batch.refused,
             event_times=self.batch.event_times,
+            expect_driver=self.held.records_fit_driver,
         )
 
     def carried_state(self) -> CarriedState:
@@ -238,7 +242,7 @@ class MicroBatch:
             input=plan.get("input"),
             input_format=plan.get("input_format"),  # older plans lack it
             purgatory_partitions=step.placement.partitions,
-            written_by="driver" if step.placement.driver_writes else "spark",
+            written_by="driver" if step.in_driver else "spark",
             counts={
                 "late": counts.late,
                 "far_future": counts.rejected.get("far_future", 0),
@@ -278,18 +282,18 @@ class MicroBatch:
         fault("after_commit", self.batch_id)
         return committed
 
-    @staticmethod
-    def _output_tables(step: DelayedOperations) -> dict[str, DataFrame]:
-        """The four tables the sink stages (:data:`TABLES`). Lazy frames."""
-        return {
-            "outcomes": step.final_outcomes,
-            "unmatched": step.unmatched,
-            "rejected": step.rejected,
-            "late": step.late,
-        }
+    def _output_tables(self, step: DelayedOperations) -> dict[str, Any]:
+        """The four tables the sink stages (:data:`TABLES`): Arrow tables when the step ran
+        in the driver and the sink takes them (:attr:`~..sinks.BatchSink.accepts_arrow`),
+        else frames (lazy, or the driver's rows as local relations)."""
+        tables = step.tables(["final_outcomes", "unmatched", "rejected", "late"])
+        tables["outcomes"] = tables.pop("final_outcomes")
+        if step.in_driver and not getattr(self.sink, "accepts_arrow", False):
+            return {name: as_frame(self.spark, table) for name, table in tables.items()}
+        return tables
 
     def _stage_outputs(
-        self, step: DelayedOperations, attempt: Attempt, tables: Mapping[str, DataFrame]
+        self, step: DelayedOperations, attempt: Attempt, tables: Mapping[str, Any]
     ) -> Any:
         """The sink's staging of the four ``tables`` (None when the sink shows the batch
         already: an older release's sink committed before its checkpoint did)."""
@@ -306,7 +310,6 @@ class MicroBatch:
             attempt,
             on_table=lambda _name: fault("mid_batch", self.batch_id),
             empty={t for t, n in rows.items() if not n},
-            small=step.placement.driver_writes,
         )
 
     def _write_state(
@@ -318,11 +321,10 @@ class MicroBatch:
         Returns it, to hold once committed, and the commit's state entry.
 
         Unless the state carried in is held by Spark, the driver holds the next
-        one: the events and the operations' changes collected as Arrow (no job for
-        what the driver holds already: :func:`~..spark.frames.to_arrow`), the
-        operations the step made added to the index of those it did not take in
-        (:mod:`.ops_index`). Else Spark keeps it, locally checkpointed, and its
-        writer writes it.
+        one: the events and the operations' changes as Arrow (as the step made them
+        when it ran in the driver, else collected: two jobs), the operations the
+        step made added to the index of those it did not take in (:mod:`.ops_index`).
+        Else Spark keeps it, locally checkpointed, and its writer writes it.
         """
         full = self.adjustment is not None
         entry = next_entry(self.carried, self.held.snapshot_every, full=full)
@@ -331,23 +333,25 @@ class MicroBatch:
             by_spark = carried.frames is not None
         else:  # the first state: the driver holds it unless its events say it is too big
             by_spark = step.counts().kept > driver_state_rows()
+        tables = step.tables(["events", "ops_rows"])
         if by_spark:
-            state = {n: f.localCheckpoint(eager=False) for n, f in step.next_state().items()}
-            written, entry, out = next_resident(
-                self.batch_id, attempt.tag, entry, state, step.state_changes()
-            )
-        else:  # two collections: the events, the operations taken in and their changes
-            changes = split_ops(to_arrow(step.ops_rows()))
+            events, ops_rows = (as_frame(self.spark, tables[n]) for n in ("events", "ops_rows"))
+            changes = split_ops_frame(ops_rows)
+            whole = {"events": events, "ops": changes.pop("ops")}
+            state = {n: f.localCheckpoint(eager=False) for n, f in whole.items()}
+            written, entry, out = next_resident(self.batch_id, attempt.tag, entry, state, changes)
+        else:
+            changes = split_ops(as_arrow(tables["ops_rows"]))
             made = changes.pop("ops")
-            events = {"events": to_arrow(step.next_state()["events"])}
             ops = carried.ops if carried is not None and carried.ops is not None else None
             if ops is None:  # nothing indexed before: what the step carries on, all of it
                 ops = OpsIndex(self.rules.names, self.rules.input.retention_ms)
                 ops.add(made)
             else:
                 ops.add(changes["ops.added"])
+            held_events = {"events": as_arrow(tables["events"])}
             written, entry, out = next_resident(
-                self.batch_id, attempt.tag, entry, events, changes, ops=ops
+                self.batch_id, attempt.tag, entry, held_events, changes, ops=ops
             )
         write_tables(self.store, self.store.attempt_path(self.batch_id, attempt), out)
         return written, entry

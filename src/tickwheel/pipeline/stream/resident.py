@@ -162,6 +162,9 @@ class HeldState:
         """An empty holder. O(1)."""
         self.state: ResidentState | None = None
         self.snapshot_every = snapshot_every() if snapshot_every_k is None else snapshot_every_k
+        #: Whether the last micro-batch's records fitted in the driver: the next one's are
+        #: expected to (:attr:`~..spark.step.StepOptions.expect_driver`).
+        self.records_fit_driver = False
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy in another process holds nothing. O(1)."""
@@ -240,7 +243,9 @@ def next_resident(
         changelogs=entry.changelogs,
         ops=ops,
     )
-    if all(hasattr(table, "num_rows") for table in state.values()):
+    from ..spark.frames import is_arrow
+
+    if all(is_arrow(table) for table in state.values()):
         resident.tables = dict(state)
         resident.rows = sum(int(table.num_rows) for table in state.values())
     else:
