@@ -34,7 +34,9 @@ micro-batch each), the same rule:
 (d) the fixed cost of a micro-batch: the stream and the floor over K files of
     about ``--fixed-records`` records each, the median time of a warm
     micro-batch (Spark's ``triggerExecution``, from the query listener, the
-    first micro-batch of each run left out).
+    first micro-batch of each run left out). The floor runs twice, alternated:
+    its file written by Spark's writer, and its rows collected to the driver as
+    Arrow and written with pyarrow; the stream is compared with the cheaper.
 
 Also the carried state's size per pending operation: in the driver's Python
 heap (tracemalloc over a processor holding only pending operations) and on
@@ -252,11 +254,14 @@ class _Bench:
         return _incremental(self.spark, self.rules_path, inp, self.work / f"inc-{tag}",
                             self.args.partitions, memory)  # fmt: skip
 
-    def floor(self, inp: Path, tag: str) -> tuple[float, list[dict[str, Any]]]:
-        """The floor of a micro-batch over ``inp``: seconds and its micro-batches' progress."""
+    def floor(
+        self, inp: Path, tag: str, writer: str = "spark"
+    ) -> tuple[float, list[dict[str, Any]]]:
+        """The floor of a micro-batch over ``inp``, its files written by ``writer``
+        (``_stream_peers.FLOOR_WRITERS``): seconds and its micro-batches' progress."""
         self.log.reset()
         secs = peers.floor_query(self.spark, inp, self.work / f"floor-{tag}",
-                                 self.work / f"floor-ck-{tag}")  # fmt: skip
+                                 self.work / f"floor-ck-{tag}", writer=writer)  # fmt: skip
         return secs, self.log.wait()
 
     def peer(self, name: str, inp: Path, tag: str) -> tuple[float, Path, list[dict[str, Any]]]:
@@ -380,28 +385,37 @@ class _Bench:
         )
 
     def fixed_cost(self) -> None:
-        """(d): a warm micro-batch of about ``--fixed-records`` records, stream and floor."""
+        """(d): a warm micro-batch of about ``--fixed-records`` records: the stream, and the
+        floor with each writer (Spark's, and pyarrow's in the driver), alternated."""
         k = self.args.increments
         n = max(1, round(self.args.fixed_records * k / RECORDS_PER_ORDER))
         inp, records = self.workload(n, "fixed")
         stream_ms: list[float] = []
-        floor_ms: list[float] = []
+        floor_ms: dict[str, list[float]] = {writer: [] for writer in peers.FLOOR_WRITERS}
         for _attempt in range(self.args.repeat):
             self.log.reset()
             self.stream(inp, "fixed")
             stream_ms += [batch["ms"] for batch in self.log.wait()[1:] if batch["data"]]
-            floor_ms += [batch["ms"] for batch in self.floor(inp, "fixed")[1][1:] if batch["data"]]
-        stream_s, floor_s = statistics.median(stream_ms) / 1e3, statistics.median(floor_ms) / 1e3
+            for writer, ms in floor_ms.items():
+                runs = self.floor(inp, f"fixed-{writer}", writer)[1][1:]
+                ms += [batch["ms"] for batch in runs if batch["data"]]
+        stream_s = statistics.median(stream_ms) / 1e3
+        floor_s = {writer: statistics.median(ms) / 1e3 for writer, ms in floor_ms.items()}
         label = f"fixed cost of a micro-batch of {records // k:,} records, warm"
         self.targets.append(_Target(f"{label}: stream", stream_s, "s", "(report)"))
-        self.targets.append(_Target(f"{label}: floor", floor_s, "s", "(floor)"))
-        ratio = stream_s / floor_s
-        self.targets.append(_Target(f"{label}: stream vs floor", ratio, "x", "<= 2x", ratio <= 2))
+        for writer, secs in floor_s.items():
+            self.targets.append(_Target(f"{label}: floor, {writer} writer", secs, "s", "(floor)"))
+        ratio = stream_s / min(floor_s.values())
+        self.targets.append(_Target(f"{label}: stream vs the cheaper floor", ratio, "x", "<= 2x",
+                                    ratio <= 2))  # fmt: skip
         self.lines.append(
             f"fixed cost: {n:,} orders = {records:,} records in {k} files; the median of "
             f"{len(stream_ms)} warm micro-batches (Spark's triggerExecution, each run's first "
-            f"left out): stream {stream_s:.2f} s (min {min(stream_ms) / 1e3:.2f}), floor "
-            f"{floor_s:.2f} s (min {min(floor_ms) / 1e3:.2f})"
+            f"left out): stream {stream_s:.2f} s (min {min(stream_ms) / 1e3:.2f}), "
+            + ", ".join(
+                f"floor with the {writer} writer {floor_s[writer]:.2f} s (min {min(ms) / 1e3:.2f})"
+                for writer, ms in floor_ms.items()
+            )
         )
 
     def report(self) -> None:

@@ -58,12 +58,18 @@ def _inputs(work: Path) -> list[dict[str, Any]]:
     cases = []
     for fixture in sorted((ROOT / "tests/pipeline/fixtures").glob("checkpoint-format-*")):
         files = work / fixture.name
-        files.mkdir()
+        files.mkdir(parents=True)
         for src in sorted(fixture.glob("in-*.jsonl")):
             shutil.copy(src, files / src.name)
         cases.append({"name": fixture.name, "rules": fixture / "rules.toml", "input": files,
                       "format": "json"})  # fmt: skip
     orders = make_input(work / "orders", orders=1200, seed=11, files=4)
+    # Lines that are not valid UTF-8: rejected, and kept with their exact bytes.
+    (orders / "part-bytes.jsonl").write_bytes(
+        b'\xb2\xff not json\n{"event_id":"u1","order_id":"z9","type":"created",'
+        b'"ts":1704067200000,"note":"\xc3\x28"}\n{"event_id":"u1","order_id":"z9",'
+        b'"type":"paid","ts":1704067200000,"note":"\xe2\x82"}\n'
+    )
     for rules in ("orders.toml", "orders_stream.toml"):
         cases.append({"name": f"orders+edges/{rules}", "rules": ROOT / "examples" / rules,
                       "input": orders, "format": "json"})  # fmt: skip
@@ -94,11 +100,12 @@ def _typed_files(records: list[dict[str, Any]], out: Path, fmt: str) -> Path:
                 writer.writerow(names)
                 writer.writerows([[r.get(n, "") for n in names] for r in rows])
         else:
+            # The times as text (the generator writes epoch ms and ISO-8601 alike).
             table = pa.table({
                 "event_id": pa.array([r.get("event_id") for r in rows], pa.string()),
                 "order_id": pa.array([r.get("order_id") for r in rows], pa.string()),
                 "type": pa.array([r.get("type") for r in rows], pa.string()),
-                "ts": pa.array([r.get("ts") for r in rows], pa.int64()),
+                "ts": pa.array([None if r.get("ts") is None else str(r["ts"]) for r in rows]),
                 "seq": pa.array([r.get("seq") for r in rows], pa.int64()),
             })  # fmt: skip
             pq.write_table(table, out / f"part-{part}.parquet")

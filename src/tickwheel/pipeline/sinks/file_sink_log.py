@@ -124,17 +124,23 @@ class FileSinkLog:
         return list(dict.fromkeys(uris))
 
     def add(
-        self, batch_id: int, files: Sequence[SinkFile], earlier: Sequence[SinkFile] = ()
+        self,
+        batch_id: int,
+        files: Sequence[SinkFile],
+        earlier: Sequence[SinkFile] = (),
+        known: Sequence[int] | None = None,
     ) -> bool:
         """Log ``files`` as batch ``batch_id``'s; False when that batch was logged already
         with the same files (ValueError if with others: another stream's output).
 
         ``earlier`` are files committed before the table had a log (an older
         release's batches): when the log is new they go in its first file, so
-        that readers keep reading them. A compaction batch holds every file
-        so far. O(files in the compaction window).
+        that readers keep reading them. ``known``: the log's batches as the
+        caller knows them (:meth:`batch_ids`, or the batch before when it logged
+        that one itself); None: listed here. A compaction batch holds every
+        file so far. O(files in the compaction window).
         """
-        ids = self.batch_ids()
+        ids = self.batch_ids() if known is None else sorted(known)
         if batch_id in ids:
             self._check_same(batch_id, files)
             return False
@@ -148,7 +154,10 @@ class FileSinkLog:
         lines = [f.line() for f in files]
         if _is_compaction(batch_id):
             lines = self._compacted(batch_id) + lines
-        return self._create(batch_id, lines)
+        if self._create(batch_id, lines):
+            return True
+        self._check_same(batch_id, files)  # logged meanwhile, by another publication
+        return False
 
     def _compacted(self, batch_id: int) -> list[str]:
         """The entries of the batches a compaction at ``batch_id`` replaces, as lines."""

@@ -74,6 +74,12 @@ class ParquetSink:
         except StorageError as exc:
             raise SinkError(f"the parquet sink: {exc}") from None
         self._markers = join(self.root, "_batches")
+        # What this sink did itself, so that the next batch need not list it: the last
+        # batch it logged in each table's _spark_metadata, the last it cleaned, and
+        # the tables it published a file of (whose schema readers can then find).
+        self._logged: dict[str, int] = {}
+        self._cleaned: int | None = None
+        self._with_files: set[str] = set()
 
     def describe(self) -> str:
         """Return ``parquet:<dir>``."""
@@ -114,9 +120,12 @@ class ParquetSink:
         one file with pyarrow (:func:`~..spark.frames.write_parquet`), which skips
         Hadoop's commit protocol. Frames are written by concurrent Spark jobs (one
         thread each): a micro-batch's tables are small, so their fixed per-job costs
-        dominate and overlap. A frame in ``empty`` gets an empty Parquet file of its
-        schema, written here without a Spark job. ``on_table`` is called as each
-        table is written. O(tables) files.
+        dominate and overlap. A table with no rows (an empty Arrow table, or a frame
+        in ``empty``) gets no file once this sink published one of that table, as
+        Spark's own file sink writes none for an empty micro-batch; before that, an
+        empty Parquet file of its schema, written here without a Spark job, so that
+        readers find the table's columns. ``on_table`` is called as each table is
+        written. O(tables) files.
         """
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -128,10 +137,14 @@ class ParquetSink:
         files: dict[str, list[str] | None] = {}
 
         def write(table: str, rows: DataFrame | pa.Table) -> tuple[str, list[str] | None]:
+            no_rows = table in empty or (is_arrow(rows) and not rows.num_rows)
+            if no_rows and table in self._with_files:  # its schema is in a file already
+                return table, []
             if table in empty and not is_arrow(rows):  # no Spark job
                 return table, [write_empty_parquet(self.storage, join(staging, table),
                                                    rows.schema)]  # fmt: skip
-            return table, write_parquet(rows, join(staging, table), self.storage)
+            # The attempt's staging directory is its own: no earlier write used its name.
+            return table, write_parquet(rows, join(staging, table), self.storage, fresh=True)
 
         by_spark = {n: t for n, t in tables.items() if not is_arrow(t)}
         for name in (n for n in tables if n not in by_spark or n in empty):
@@ -182,9 +195,13 @@ class ParquetSink:
         ``batch_id`` what is left there is no commit's (crashed or fenced attempts,
         and the published attempt's leftovers). The owner's to call. O(batches)."""
         staging = join(self.root, STAGING_DIR)
-        for name in self.storage.list_names(staging):
-            if name.isdigit() and int(name) <= batch_id:
-                self.storage.delete(join(staging, name))
+        if self._cleaned == batch_id - 1:  # this sink cleaned the older ones: no listing
+            self.storage.delete(join(staging, str(batch_id)))
+        else:
+            for name in self.storage.list_names(staging):
+                if name.isdigit() and int(name) <= batch_id:
+                    self.storage.delete(join(staging, name))
+        self._cleaned = batch_id
 
     def _publish_table(self, batch_id: int, table: str, tag: str, names: Sequence[str]) -> None:
         """Move ``table``'s staged files to their published names and log them."""
@@ -202,17 +219,23 @@ class ParquetSink:
                         f"attempt {tag} is missing from its staging directory"
                     ) from None
         found = {path.rstrip("/").rsplit("/", 1)[-1]: (size, mtime)
-                 for path, size, mtime in self.storage.list_files(target_dir)}  # fmt: skip
+                 for path, size, mtime in self.storage.list_files(target_dir)
+                 } if targets else {}  # fmt: skip
         entries = []
         for target in targets:
             size, mtime = found[target.rsplit("/", 1)[-1]]
             entries.append(SinkFile(self.storage.uri(target), size, mtime))
         log = FileSinkLog(self.storage, join(self.root, table))
-        earlier = [] if log.exists() else self._unlogged_files(table, batch_id)
+        # The log's batches: known without a listing when this sink logged the one before.
+        known = [batch_id - 1] if self._logged.get(table) == batch_id - 1 else log.batch_ids()
+        earlier = [] if known else self._unlogged_files(table, batch_id)
         try:
-            log.add(batch_id, entries, earlier)
+            log.add(batch_id, entries, earlier, known)
         except ValueError as exc:
             raise SinkError(str(exc)) from None
+        self._logged[table] = batch_id
+        if entries:
+            self._with_files.add(table)
 
     def _unlogged_files(self, table: str, before: int) -> list[SinkFile]:
         """The files of the batches an older release committed (marker, no log) before

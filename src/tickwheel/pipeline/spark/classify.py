@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .frames import Step, parameter_name, sql_name, steps_sql
+from .frames import Step, parameter_columns, parameter_name, sql_name, steps_sql
 from .records import key_column, raw_text_columns
 
 __all__ = [
@@ -60,7 +60,9 @@ def rank_copies(by: Sequence[str], order: Sequence[str], content: Sequence[str])
     be in one partition each (a shuffle by ``by``, or a single partition).
     """
     window = f"OVER (PARTITION BY {', '.join(map(sql_name, by))} ORDER BY {', '.join(order)})"
-    same = " AND ".join(f"({sql_name(c)} <=> first({sql_name(c)}) {window})" for c in content)
+    # A struct's null-safe equality compares its fields in turn, nulls equal to nulls.
+    row = f"struct({', '.join(map(sql_name, content))})"
+    same = f"{row} <=> first({row}) {window}"
     return ("select", ["*", f"row_number() {window} AS _rn", f"{same} AS _same"])
 
 
@@ -80,15 +82,17 @@ def classify(
     columns: Sequence[str],
     key_count: int,
     partitions: int | None,
+    previous_watermark: int | None,
     carried: str | None = None,
     keep_raw: bool = False,
 ) -> str:
     """The records of ``parsed`` and the ``carried`` events, classified: SQL text. O(1).
 
     ``parsed`` and ``carried`` are queries (SQL text) with the ``columns`` of
-    :func:`.records.parse_steps`, the run parameter ``w_prev`` (the previous
-    watermark, null for none) among them; a carried event is valid and
-    relevant as its type says. Columns of the result: ``c`` (the class,
+    :func:`.records.parse_steps`; a carried event is valid and relevant as its
+    type says. ``previous_watermark`` (None for none) is read as a run
+    parameter (:func:`.frames.parameter_sql`), once for both: what is late, and
+    what was applied already. Columns of the result: ``c`` (the class,
     ``C_*``), ``old`` (a carried event), ``applied`` (carried and at or below
     the previous watermark), ``reason`` (``conflict`` for conflicts), ``raw``
     (of rejected and late records, as valid UTF-8 with their exact bytes in
@@ -100,21 +104,21 @@ def classify(
     row in one partition, with no shuffle (for a micro-batch known to be small).
     """
     keys = [key_column(i) for i in range(key_count)]
-    w_prev = sql_name(parameter_name("w_prev"))
-    listed = [*map(sql_name, columns), "late", "old", "applied"]
-    new = steps_sql(f"({parsed})", [("select", [
-        "*", f"reason IS NULL AND coalesce(time < {w_prev}, false) AS late",
-        "false AS old", "false AS applied",
-    ]), ("select", listed)])  # fmt: skip
+    listed = [*map(sql_name, columns), "old"]
+    new = steps_sql(f"({parsed})", [("select", ["*", "false AS old"]), ("select", listed)])
     if carried is not None:
-        old = steps_sql(f"({carried})", [("select", [
-            "*", "false AS late", "true AS old", f"coalesce(time <= {w_prev}, false) AS applied",
-        ]), ("select", listed)])  # fmt: skip
+        old = steps_sql(f"({carried})", [("select", ["*", "true AS old"]), ("select", listed)])
         new = f"{old} UNION ALL {new}"
+    w_prev = sql_name(parameter_name("w_prev"))
     group = ["event_id", "reason", "late"]  # the id first: see the module doc
     text, exact = raw_text_columns("_raw")
     kept_raw = f"WHEN c <= {C_IGNORED} THEN _raw " if keep_raw else ""
     return steps_sql(f"({new})", [
+        ("select", ["*", *parameter_columns(w_prev=previous_watermark)]),
+        ("select", [
+            "*", f"NOT old AND reason IS NULL AND coalesce(time < {w_prev}, false) AS late",
+            f"old AND coalesce(time <= {w_prev}, false) AS applied",
+        ]),
         ("one partition", ()) if partitions is None else ("repartition", (partitions, group)),
         rank_copies(group, ["applied DESC", "time", "seq", "raw"],
                     ["event_type", "time", "seq", *keys]),

@@ -4,7 +4,7 @@ Parquet writes."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 __all__ = [
     "PARAMETER_PREFIX",
     "Step",
-    "TempViews",
     "apply_steps",
     "as_arrow",
     "as_frame",
     "empty_frame",
+    "frame_ref",
     "from_arrow",
     "is_arrow",
     "parameter_columns",
@@ -29,6 +29,7 @@ __all__ = [
     "run_parameters",
     "sql_in",
     "sql_name",
+    "sql_over",
     "sql_string",
     "steps_sql",
     "to_arrow",
@@ -176,9 +177,10 @@ def steps_sql(source: str, steps: Sequence[Step]) -> str:
     """``steps`` over the relation ``source`` (a quoted name, or a query in parentheses)
     as one SQL query, each step a subquery of the next. O(steps).
 
-    A query planned from its whole text is analysed once, where a chain of
-    DataFrame calls is analysed at every call (classic sessions analyse each
-    new DataFrame); :func:`apply_steps` gives the same rows as a frame.
+    A query planned from its whole text is analysed once (:func:`sql_over`),
+    where a chain of DataFrame calls is analysed at every call (classic sessions
+    analyse each new DataFrame); :func:`apply_steps` gives the same rows as a
+    frame.
     """
     query = f"SELECT * FROM {source}"
     for kind, what in steps:
@@ -212,37 +214,23 @@ def apply_steps(frame: DataFrame, steps: Sequence[Step]) -> DataFrame:
     return frame
 
 
-class TempViews:
-    """Temporary views of frames, for a query written as SQL text; dropped together.
+def frame_ref(name: str) -> str:
+    """A place in SQL text for the frame ``name`` of :func:`sql_over`. O(1)."""
+    return f"\x00{name}\x00"
 
-    Each view has a name of its own (a step's views never clash with another's
-    in the same session). Under Spark Connect the views live on the server, and
-    a query reads them when it runs, so they are dropped only once the query's
-    frames are done with (:meth:`drop`).
+
+def sql_over(spark: SparkSession, text: str, frames: Mapping[str, DataFrame]) -> DataFrame:
+    """The query ``text`` over ``frames``, each where :func:`frame_ref` of its name is:
+    one query, analysed once. Lazy.
+
+    Through PySpark's own frames in SQL (``spark.sql(query, name=frame)``): a
+    classic session reads each frame as a temporary view of its own, dropped
+    once the query is analysed; Spark Connect sends them with the query.
     """
-
-    def __init__(self, spark: SparkSession) -> None:
-        """No view yet. O(1)."""
-        self.spark = spark
-        self.names: list[str] = []
-
-    def of(self, frame: DataFrame) -> str:
-        """A new view of ``frame``: its quoted name. One call into Spark."""
-        name = f"_tickwheel_{uuid.uuid4().hex}"
-        frame.createOrReplaceTempView(name)
-        self.names.append(name)
-        return sql_name(name)
-
-    def drop(self) -> None:
-        """Drop every view made. O(views) calls.
-
-        In SQL rather than through the catalog: under Spark Connect the catalog's
-        call leaves a client whose session is never stopped (a job's child
-        session) hanging in its channel's close when the interpreter exits.
-        """
-        for name in self.names:
-            self.spark.sql(f"DROP VIEW IF EXISTS {sql_name(name)}")
-        self.names.clear()
+    escaped = text.replace("{", "{{").replace("}", "}}")  # str.format's, in PySpark
+    for name in frames:
+        escaped = escaped.replace(frame_ref(name), "{" + name + "}")
+    return spark.sql(escaped, None, **frames)
 
 
 def sql_name(name: str) -> str:
@@ -277,7 +265,7 @@ def union_all(frames: list[DataFrame], allow_missing: bool = False) -> DataFrame
 
 
 def write_parquet(
-    table: DataFrame | Any, directory: str, storage: Storage | None = None
+    table: DataFrame | Any, directory: str, storage: Storage | None = None, *, fresh: bool = False
 ) -> list[str] | None:
     """Write ``table``'s rows as Parquet files in ``directory``, which must not exist.
 
@@ -285,29 +273,35 @@ def write_parquet(
     Hadoop's commit protocol (task and job commits, ``_SUCCESS``), which for a
     table of a few rows costs more than the rows do. An Arrow table, held in
     the driver, is written there as one file with pyarrow, through ``storage``
-    (default: a local path) (:func:`write_arrow_parquet`). Either way the files
-    hold the same rows under the same column names and Spark types.
+    (default: a local path) (:func:`write_arrow_parquet`, ``fresh`` as there).
+    Either way the files hold the same rows under the same column names and
+    Spark types.
 
     Returns the names of the files written when the driver wrote them; None
     when Spark's writer did (list ``directory`` for them).
     """
     if is_arrow(table):
-        return [write_arrow_parquet(table, directory, storage)]
+        return [write_arrow_parquet(table, directory, storage, fresh=fresh)]
     table.write.mode("error").parquet(directory)  # "errorifexists": not on Connect
     return None
 
 
-def write_arrow_parquet(table: Any, directory: str, storage: Storage | None = None) -> str:
+def write_arrow_parquet(
+    table: Any, directory: str, storage: Storage | None = None, *, fresh: bool = False
+) -> str:
     """``table`` (Arrow) as one Parquet file in the new ``directory``, through ``storage``
     (default: a local path), seen whole or not at all (:meth:`~..storage.Storage.create`);
-    the file's name."""
+    the file's name. ``fresh``: the caller knows ``directory`` is new (an attempt's
+    own, named by no earlier write), so it is not looked for first. One call, two
+    without ``fresh``."""
     import pyarrow as pa
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     from ..storage import LocalStorage, join
 
     target = storage if storage is not None else LocalStorage()
-    if target.exists(directory):  # as Spark's writer in mode error: never into old files
+    # As Spark's writer in mode error: never into old files.
+    if not fresh and target.exists(directory):
         raise FileExistsError(directory)
     buffer = pa.BufferOutputStream()
     pq.write_table(table, buffer)

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 __all__ = ["DRIVER_ROWS", "MICRO_BATCH_ROWS_PER_PARTITION", "Placement"]
 
-#: On the executors, the stream's purgatory takes one partition per this many rows (the
-#: new kept events and the carried operations it takes in), up to ``partitions``.
-#: Each partition costs a task in the purgatory and in each of its writes, about as
-#: much as the purgatory spends on this many rows on one core: a small micro-batch
-#: gains nothing from a second partition.
-MICRO_BATCH_ROWS_PER_PARTITION = 50_000
+#: A stream's micro-batch takes one partition per this many rows (the new kept events
+#: and the carried operations its purgatory takes in), up to ``partitions``: one such
+#: partition runs in the driver, several on the executors. On the executors each
+#: partition costs a task in the purgatory and in each write of its tables, and the
+#: run several Spark jobs of its own; in the driver a partition costs only its rows
+#: (Arrow, the purgatory, pyarrow's writes), some hundred bytes each of the driver's
+#: memory. The figures behind this size: ``docs/benchmarks.md``, "Placement".
+MICRO_BATCH_ROWS_PER_PARTITION = 250_000
 
 #: A micro-batch with at most this many records and this many rows in its purgatory
 #: runs in the driver (:attr:`Placement.in_driver`): its records are collected by

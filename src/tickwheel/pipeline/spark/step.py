@@ -37,13 +37,14 @@ from .classify import classify
 from .fanout import APPLIED_EVENTS, events_to_apply, routed_events, rule_events
 from .frames import (
     Step,
-    TempViews,
     empty_frame,
+    frame_ref,
     from_arrow,
     parameter_columns,
     parameter_name,
     run_parameters,
     sql_name,
+    sql_over,
     steps_sql,
     to_arrow,
 )
@@ -192,7 +193,6 @@ class DelayedOperations:
         self.future_limit = None if opts.max_future_ms is None else now_ms + opts.max_future_ms
         self.form = input_form(records, rules, opts.input_format)
         self._records = records
-        self._views = TempViews(spark)  # the query's inputs, while the step is in use
         self._classified: DataFrame | None = None  # persisted, or the held records' relation
         self._held_records: pa.Table | None = None  # the classified records held in the driver
         self._touched: pa.Table | None = None  # the held operations taken in
@@ -205,31 +205,33 @@ class DelayedOperations:
     def _classified_plan(self, partitions: int | None) -> DataFrame:
         """Stages 1-2 planned: the records read, validated and classified, with the carried
         events, in one window by event id over ``partitions`` partitions (None: one
-        partition, no shuffle). One query in SQL text over views of the records (and
-        the carried events), analysed once. Lazy."""
-        rules, views = self.rules, self._views
+        partition, no shuffle). One query in SQL text over the records (and the
+        carried events), analysed once (:func:`.frames.sql_over`). Lazy."""
+        rules, frames = self.rules, {"records": self._records}
         if self.form == "json":
-            fields = steps_sql(views.of(self._records), json_value_steps(rules))
+            fields = steps_sql(frame_ref("records"), json_value_steps(rules))
         else:
-            fields = (
-                f"SELECT * FROM {views.of(record_fields_frame(self._records, rules, self.form))}"
-            )
+            frames["records"] = record_fields_frame(self._records, rules, self.form)
+            fields = f"SELECT * FROM {frame_ref('records')}"
         refused = rejected_records(self.spark, rules, self.options.refused)
         if refused is not None:
-            fields = f"{fields} UNION ALL SELECT * FROM {views.of(refused)}"
+            frames["refused"] = refused
+            fields = f"{fields} UNION ALL SELECT * FROM {frame_ref('refused')}"
         # This run's values as data, not literals: see frames.parameter_sql.
-        values = {"limit": self.future_limit, "w_prev": self.state.watermark}
-        params = [parameter_name(name) for name in values]
-        with_values: Step = ("select", ["*", *parameter_columns(**values)])
         limit = None if self.future_limit is None else parameter_name("limit")
-        parsed = steps_sql(f"({fields})", [with_values, *parse_steps(rules, limit, params)])
+        parsed = steps_sql(f"({fields})", [
+            ("select", ["*", *parameter_columns(limit=self.future_limit)]),
+            *parse_steps(rules, limit, ()),
+        ])  # fmt: skip
         carried = None
         if self.state.events is not None:
-            carried = steps_sql(views.of(self.state.events), [with_values, self._carried_events()])
-        return self.spark.sql(classify(
-            parsed, parsed_columns(rules, params), len(rules.key_fields), partitions, carried,
-            keep_raw=self.options.carry,
-        ))  # fmt: skip
+            frames["carried"] = self.state.events
+            carried = steps_sql(frame_ref("carried"), [self._carried_events()])
+        query = classify(
+            parsed, parsed_columns(rules), len(rules.key_fields), partitions,
+            self.state.watermark, carried, keep_raw=self.options.carry,
+        )  # fmt: skip
+        return sql_over(self.spark, query, frames)
 
     def _carried_events(self) -> Step:
         """The step that gives the carried events the columns of the parsed records."""
@@ -243,7 +245,6 @@ class DelayedOperations:
             *[f"{sql_name(f'k_{name}')} AS {key_column(i)}"
               for i, name in enumerate(self.rules.key_fields)],
             f"{used_type(self.rules, 'event_type')} AS relevant",
-            *[sql_name(parameter_name(name)) for name in ("limit", "w_prev")],
         ])  # fmt: skip
 
     def classified(self) -> DataFrame:
@@ -258,42 +259,38 @@ class DelayedOperations:
 
     # -- stage 3: the counts and the watermark ----------------------------------------
     def counts(self) -> RecordCounts:
-        """The records' counts: the first action, which classifies them (a small
-        micro-batch's in the one job that collects them: :meth:`_collected_if_few`). Cached."""
-        if self._counts is None:
-            collected = self._collected_if_few()
-            if collected is None:
-                self._counts = RecordCounts.collect(self.classified())
-            else:
-                if self._classified is not None:  # persisted before they proved few
-                    self._classified.unpersist()
-                    self._classified = None
-                self._held_records = collected
-                self._counts = RecordCounts.of_table(collected)
-        return self._counts
+        """The records' counts: the first action, which classifies them. Cached.
 
-    def _collected_if_few(self) -> pa.Table | None:
-        """The classified records as Arrow, when there may be few enough to hold in the
-        driver (:meth:`Placement.driver_rows`) and are: one job that reads, classifies
-        and hands them over. None when more: they are then persisted, and counted by
-        one aggregate. O(records).
-
-        A micro-batch expected small (:attr:`StepOptions.expect_driver`) is classified
-        without a cache, and on a local master in one partition, with no shuffle
-        (a cluster's shuffle keeps the records' scan on many executors, near their
-        files); if it proves larger, it is classified again, persisted.
+        A micro-batch expected small (:attr:`StepOptions.expect_driver`) is read,
+        classified and collected to the driver in one job, without a cache, and
+        counted there; on a local master in one partition, with no shuffle (on a
+        cluster the shuffle keeps the records' scan on many executors, near their
+        files). Any other run is classified once, persisted, and counted by one
+        aggregate; then, a stream's micro-batch few enough for the driver
+        (:meth:`Placement.driver_rows`) is collected there from the cache, one
+        more job. One expected small that proves larger is classified again.
         """
-        per = self.options.rows_per_partition
-        if per is None:
-            return None
-        most = Placement.driver_rows(per)
-        if self.options.expect_driver:
-            one = is_local_master(self.spark)
-            plan = self._classified_plan(None if one else self.partitions)
-        else:
-            plan = self.classified()
-        collected = plan.limit(most + 1).toArrow()
-        return collected if collected.num_rows <= most else None
+        if self._counts is None:
+            per = self.options.rows_per_partition
+            most = None if per is None else Placement.driver_rows(per)
+            collected = None
+            if most is not None and self.options.expect_driver:
+                one = is_local_master(self.spark)
+                plan = self._classified_plan(None if one else self.partitions)
+                collected = plan.limit(most + 1).toArrow()
+                if collected.num_rows > most:
+                    collected = None
+            if collected is not None:
+                self._counts = RecordCounts.of_table(collected)
+            else:
+                cached = self.classified()
+                self._counts = RecordCounts.collect(cached)
+                if most is not None and self._counts.records <= most:
+                    collected = cached.toArrow()
+                    cached.unpersist()
+                    self._classified = None
+            self._held_records = collected
+        return self._counts
 
     @property
     def watermark(self) -> int | None:
@@ -556,12 +553,10 @@ class DelayedOperations:
         }
 
     def unpersist(self) -> None:
-        """Release the persisted stages and the query's views: the step is done with.
-        O(1) calls."""
+        """Release the persisted stages (a later table recomputes them). O(1)."""
         for frame in (self._rows, self._classified):
             if frame is not None:
                 frame.unpersist()
-        self._views.drop()
         self._rows = self._classified = None
         self._held_records = self._held_rows = None
         self._counts = self._stats = None

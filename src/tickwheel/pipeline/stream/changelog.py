@@ -249,11 +249,13 @@ def rebuild(
 # -- writing ---------------------------------------------------------------------
 
 
-def write_tables(store: StateStore, directory: str, tables: Mapping[str, Any]) -> dict[str, int]:
+def write_tables(
+    store: StateStore, directory: str, tables: Mapping[str, Any], fresh: bool = False
+) -> dict[str, int]:
     """Each table of ``tables`` into ``directory/<name>``: Arrow ones from the driver
-    (:func:`~..spark.frames.write_arrow_parquet`; an empty change, ``<table>.added``
-    or ``.removed``, writes nothing), DataFrames by Spark's writer (a job each).
-    Returns the Arrow tables' rows. O(rows)."""
+    (:func:`~..spark.frames.write_arrow_parquet`, ``fresh`` as there; an empty change,
+    ``<table>.added`` or ``.removed``, writes nothing), DataFrames by Spark's writer
+    (a job each). Returns the Arrow tables' rows. O(rows)."""
     from ..spark.frames import is_arrow, write_arrow_parquet
 
     rows: dict[str, int] = {}
@@ -263,7 +265,7 @@ def write_tables(store: StateStore, directory: str, tables: Mapping[str, Any]) -
             continue
         rows[name] = int(table.num_rows)
         if table.num_rows or "." not in name:  # a whole table always: it has the schema
-            write_arrow_parquet(table, join(directory, name), store.storage)
+            write_arrow_parquet(table, join(directory, name), store.storage, fresh=fresh)
     return rows
 
 

@@ -64,7 +64,7 @@ def add_stream_arguments(parser: Any) -> None:
     parser.add_argument(
         "--partitions",
         type=int,
-        help="key partitions, at most: a micro-batch's purgatory takes one per 50,000 rows "
+        help="key partitions, at most: a micro-batch's purgatory takes one per 250,000 rows "
         "(default: Spark's default parallelism)",
     )
     parser.add_argument(

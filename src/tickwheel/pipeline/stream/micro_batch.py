@@ -353,7 +353,8 @@ class MicroBatch:
             written, entry, out = next_resident(
                 self.batch_id, attempt.tag, entry, held_events, changes, ops=ops
             )
-        write_tables(self.store, self.store.attempt_path(self.batch_id, attempt), out)
+        # The attempt's state directory is its own: no earlier write used its name.
+        write_tables(self.store, self.store.attempt_path(self.batch_id, attempt), out, fresh=True)
         return written, entry
 
     # -- 5. publication --------------------------------------------------------------------
