@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-pythons lint typecheck class-archive pytest pytest-pure pytest-spark bench bench-floors bench-env-pyflink system-deps clean
+.PHONY: demo test check test-pythons lint typecheck class-archive pytest pytest-pure pytest-spark bench bench-floors bench-env-pyflink system-deps clean
 
 # The install builds the compiled core (src/tickwheel/_speedups.pyx, which includes
 # one twin per pure module from src/tickwheel/_twins/, and src/tickwheel/pipeline/_loop.pyx)
@@ -93,6 +93,15 @@ test: $(STAMP) system-deps
 	@$(MAKE) --no-print-directory -j2 --output-sync=target class-archive pytest-pure lint \
 		typecheck bench-floors
 	@$(MAKE) --no-print-directory pytest-spark
+
+# The inner loop, between edits: the lint and the type check beside each other, then
+# the tests that start no JVM in a child process (marker `jvm_process`: a command-line
+# job, a Connect server, a cluster) on the compiled core; each worker's in-process Spark
+# session is the one JVM it starts; the placements' model-based test runs three of its
+# ten random streams (TICKWHEEL_TEST_EXAMPLES=few). `make test` and CI run everything.
+check: $(STAMP) system-deps
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck bench-floors
+	TICKWHEEL_TEST_EXAMPLES=few $(PYTEST) -m "not jvm_process" tests
 
 class-archive: $(STAMP) system-deps
 	-$(BIN)/tickwheel pipeline prepare

@@ -8,9 +8,12 @@ one process on a classic ``local[2]`` session. For each micro-batch it counts:
   Spark's own and the step's (the scheduler's job counter before and after);
 * **storage calls**: calls the checkpoint's and the Parquet sink's storage
   answered (``exists``, ``list_names``, ``read_bytes``, ``create``,
-  ``delete``, ``rename``...), each a round trip on an object store;
+  ``delete``, ``rename``...), each a round trip on an object store, and the
+  time spent in them;
 * **files written**: the files that appeared under the output and the
-  checkpoint (Spark's writers' files included).
+  checkpoint (Spark's writers' files included);
+* **job ms**: the time to the records' counts, the step's first action,
+  whose one Spark job reads, classifies and collects them.
 
 It prints the median over the warm micro-batches (the first left out) and the
 same counts for Spark's floor of a micro-batch, a ``foreachBatch`` that writes
@@ -19,13 +22,19 @@ collected to the driver as Arrow and written with pyarrow. Counts do not depend 
 load, so a count from the code before a change, run from its tree with
 ``PYTHONPATH``, compares exactly.
 
+It also times the least the commit protocol's own writes cost at a local
+path: as many durable creates (written, fsynced, linked, the directory
+fsynced) as the stream makes in a micro-batch. ``--from-batch 1000`` with
+``--files 1010`` or more reports a long stream's micro-batches, whose sink
+logs have compacted many times.
+
 With ``--uri`` the output and the checkpoint are ``file://`` URIs: each storage
 call then goes through Hadoop's ``FileSystem`` in the JVM, as on HDFS or an
 object store.
 
 Run::
 
-    .venv/bin/python benchmarks/bench_micro_batch_calls.py [--uri]
+    .venv/bin/python benchmarks/bench_micro_batch_calls.py [--uri] [--files 1010 --from-batch 1000]
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ from _pipeline_names import FileStreamJob, StreamConfig, create_session, generat
 from _stream_inputs import feed, lateness_rules
 from _stream_peers import SOURCE_SCHEMA
 
+from tickwheel.pipeline.spark import placement
+from tickwheel.pipeline.spark.step import DelayedOperations
+from tickwheel.pipeline.storage import LocalStorage
 from tickwheel.pipeline.stream.runner import MicroBatches
 
 #: The storage methods counted: each is one request (or more) to an object store.
@@ -72,8 +84,9 @@ def _files(root: Path) -> set[str]:
     return {str(p) for p in root.rglob("*") if p.is_file()}
 
 
-def _count_storage(storage: Any, calls: Counter[str]) -> None:
-    """Count the calls ``storage`` answers, by method name, into ``calls``."""
+def _count_storage(storage: Any, calls: Counter[str], seconds: Counter[str]) -> None:
+    """Count the calls ``storage`` answers, by method name, into ``calls``, and the time
+    spent in them into ``seconds``."""
     for name in STORAGE_CALLS:
         method = getattr(storage, name, None)
         if method is None:
@@ -81,7 +94,11 @@ def _count_storage(storage: Any, calls: Counter[str]) -> None:
 
         def counted(*args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
             calls[_name] += 1
-            return _method(*args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                seconds[_name] += time.perf_counter() - started
 
         setattr(storage, name, counted)
 
@@ -98,22 +115,38 @@ def _stream_counts(
     per_batch: list[dict[str, Any]] = []
     with FileStreamJob(config, spark=spark) as job:
         calls: Counter[str] = Counter()
+        seconds: Counter[str] = Counter()
         runner_call = MicroBatches.__call__
+        counts_call = DelayedOperations.counts
+        job_seconds = [0.0]
+
+        def timed_counts(self: DelayedOperations) -> Any:
+            # The first call runs the records' one job (read, classify, collect).
+            started = time.perf_counter()
+            try:
+                return counts_call(self)
+            finally:
+                job_seconds[0] += time.perf_counter() - started
 
         def counting(self: MicroBatches, frame: Any, batch_id: int) -> Any:
             # The checkpoint's and the sink's storage, counted from the first micro-batch
             # (a URI checkpoint opens when the job runs).
             for storage in (job.store.storage, getattr(job.sink, "storage", None)):
                 if storage is not None and not getattr(storage, "_counted", False):
-                    _count_storage(storage, calls)
+                    _count_storage(storage, calls, seconds)
                     storage._counted = True
             calls.clear()
+            seconds.clear()
+            job_seconds[0] = 0.0
             files, first_job, started = _files(work), jobs(), time.perf_counter()
             out = runner_call(self, frame, batch_id)
             names = [_job_name(spark, j) for j in range(first_job, jobs())]
             per_batch.append({
+                "batch_id": batch_id,
                 "jobs": jobs() - first_job,
                 "job_names": names,
+                "storage_ms": 1000 * sum(seconds.values()),
+                "job_ms": 1000 * job_seconds[0],
                 "storage": sum(calls.values()),
                 "by_call": dict(calls),
                 "files": len(_files(work) - files),
@@ -122,10 +155,12 @@ def _stream_counts(
             return out
 
         MicroBatches.__call__ = counting  # type: ignore[method-assign]
+        DelayedOperations.counts = timed_counts  # type: ignore[method-assign]
         try:
             job.run()
         finally:
             MicroBatches.__call__ = runner_call  # type: ignore[method-assign]
+            DelayedOperations.counts = counts_call  # type: ignore[method-assign]
     return per_batch
 
 
@@ -148,7 +183,8 @@ def _floor_counts(spark: Any, inp: Path, work: Path, writer: str) -> list[dict[s
         files, first_job, started = _files(work), jobs(), time.perf_counter()
         write(frame, work / "out" / f"batch={batch_id}")
         per_batch.append({
-            "jobs": jobs() - first_job, "storage": 0, "by_call": {},
+            "batch_id": batch_id, "jobs": jobs() - first_job, "storage": 0, "by_call": {},
+            "storage_ms": 0.0, "job_ms": 0.0,
             "files": len(_files(work) - files), "ms": 1000 * (time.perf_counter() - started),
         })  # fmt: skip
 
@@ -162,7 +198,24 @@ def _floor_counts(spark: Any, inp: Path, work: Path, writer: str) -> list[dict[s
 
 
 def _median(batches: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(b[key] for b in batches[1:])
+    return statistics.median(b[key] for b in batches)
+
+
+def _durable_create_ms(directory: Path, count: int, rounds: int = 9) -> float:
+    """The least the commit protocol's own creates cost at a local path: ``count`` durable
+    creates of small files (``LocalStorage.create``: written, fsynced, linked, the
+    directory fsynced), the median of ``rounds`` rounds, in ms."""
+    storage = LocalStorage()
+    payload = b"{}" * 100
+    times = []
+    for r in range(rounds):
+        round_dir = directory / f"round-{r}"
+        round_dir.mkdir(parents=True)
+        started = time.perf_counter()
+        for i in range(count):
+            storage.create(str(round_dir / f"file-{i}"), payload)
+        times.append(1000 * (time.perf_counter() - started))
+    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1000, help="records per file, about")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--jobs", action="store_true", help="name the last batch's jobs")
+    parser.add_argument(
+        "--placement", choices=("auto", "executors"), default="auto",
+        help="executors: run every micro-batch's Arrow half on the executors, as one larger "
+        "than a partition's worth runs (auto: the stream's own choice)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--from-batch", type=int, default=1,
+        help="report the micro-batches from this id on (the first is cold; Spark's sink "
+        "logs compact every tenth, so ids past 1,000 show a long stream's logs)",
+    )  # fmt: skip
     parser.add_argument(
         "--uri", action="store_true",
         help="the output and checkpoint at file:// URIs: their storage through Hadoop's "
@@ -182,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     generate_orders(orders, work / "gen", seed=7, files=args.files)
     feed(sorted((work / "gen").glob("part-*.jsonl")), work / "in")
     rules = lateness_rules(work / "rules.toml")
+    if args.placement == "executors":
+        placement.DRIVER_ROWS = 0  # no micro-batch is small enough for the driver
     spark = create_session("local[2]", shuffle_partitions=2)
     try:
         scheme = "file://" if args.uri else ""
@@ -192,22 +257,35 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         spark.stop()
-    print(f"{args.files} micro-batches of about {args.records:,} records; medians of the "
-          f"{len(stream) - 1} warm ones (the first left out)")  # fmt: skip
-    print(f"{'':34}{'Spark jobs':>12}{'storage calls':>15}{'files written':>15}{'ms':>8}")
+    stream, floors = (
+        _reported(stream, args.from_batch),
+        {writer: _reported(batches, args.from_batch) for writer, batches in floors.items()},
+    )
+    print(
+        f"{args.files} micro-batches of about {args.records:,} records, placement "
+        f"{args.placement}; medians of the {len(stream)} from id {args.from_batch} on"
+    )
+    print(
+        f"{'':34}{'Spark jobs':>12}{'storage calls':>15}{'their ms':>10}{'files written':>15}"
+        f"{'job ms':>8}{'ms':>8}"
+    )
     floor_rows = [(f"foreachBatch floor, {writer} writer", f) for writer, f in floors.items()]
     for name, batches in [("stream", stream), *floor_rows]:
         print(
             f"{name:34}{_median(batches, 'jobs'):>12.0f}{_median(batches, 'storage'):>15.0f}"
-            f"{_median(batches, 'files'):>15.0f}{_median(batches, 'ms'):>8.0f}"
+            f"{_median(batches, 'storage_ms'):>10.1f}{_median(batches, 'files'):>15.0f}"
+            f"{_median(batches, 'job_ms'):>8.0f}{_median(batches, 'ms'):>8.0f}"
         )
     calls: Counter[str] = Counter()
-    for b in stream[1:]:
+    for b in stream:
         calls.update(b["by_call"])
-    warm = max(1, len(stream) - 1)
     print("stream's storage calls per micro-batch, by call: " + ", ".join(
-        f"{name} {count / warm:.1f}" for name, count in calls.most_common()
+        f"{name} {count / len(stream):.1f}" for name, count in calls.most_common()
     ))  # fmt: skip
+    creates = round(calls["create"] / len(stream))
+    floor_ms = _durable_create_ms(work / "creates", creates)
+    print(f"the commit protocol's floor at a local path: {creates} durable creates "
+          f"(LocalStorage.create) take {floor_ms:.1f} ms")  # fmt: skip
     if args.jobs:
         print("the jobs of the last micro-batch: " + "; ".join(stream[-1]["job_names"]))
     cheaper = min(floors.values(), key=lambda batches: _median(batches, "ms"))
@@ -217,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _reported(batches: list[dict[str, Any]], from_batch: int) -> list[dict[str, Any]]:
+    reported = [b for b in batches if b["batch_id"] >= from_batch]
+    if not reported:
+        raise SystemExit(f"no micro-batch from id {from_batch} on: raise --files")
+    return reported
 
 
 if __name__ == "__main__":

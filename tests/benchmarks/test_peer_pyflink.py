@@ -80,6 +80,7 @@ def test_the_generated_records_parse_to_their_fields(tmp_path: Path) -> None:
     assert events[0][0] == record["order_id"] and events[0][3] == record["event_id"]
 
 
+@pytest.mark.jvm_process
 @pytest.mark.skipif(
     not PYFLINK_PYTHON.exists(), reason="no PyFlink environment (make bench-env-pyflink)"
 )

@@ -113,6 +113,7 @@ def test_the_tables_give_each_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     ]
 
 
+@pytest.mark.jvm_process
 @pytest.mark.spark
 @pytest.mark.slow
 def test_the_benchmark_runs_from_the_command_line(tmp_path: Path) -> None:

@@ -61,6 +61,7 @@ def test_the_raw_skeleton_writes_one_outcome_row_per_open_event() -> None:
     }
 
 
+@pytest.mark.jvm_process
 @pytest.mark.spark
 def test_the_command_line_floor_reads_every_file_and_writes_each_micro_batch(
     tmp_path: Path,

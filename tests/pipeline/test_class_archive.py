@@ -126,6 +126,7 @@ def test_java_options_map_the_archive_and_fall_back_when_it_is_stale() -> None:
                                                        "-Xshare:auto"]  # fmt: skip
 
 
+@pytest.mark.jvm_process
 @needs_java
 @pytest.mark.spark
 def test_a_damaged_archive_fails_its_check_and_is_not_installed(
@@ -148,6 +149,7 @@ def test_a_damaged_archive_fails_its_check_and_is_not_installed(
     assert list(cache.iterdir()) == []  # the temporary file is removed too
 
 
+@pytest.mark.jvm_process
 @needs_java
 @pytest.mark.spark
 def test_a_recorded_archive_is_checked_installed_and_used_by_the_cli(

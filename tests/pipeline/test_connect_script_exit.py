@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from stream_support import connect_run, connect_url, subprocess_env
 
-pytestmark = [pytest.mark.spark, pytest.mark.connect]
+pytestmark = [pytest.mark.spark, pytest.mark.connect, pytest.mark.jvm_process]
 
 SCRIPT = """
 import sys

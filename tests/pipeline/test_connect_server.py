@@ -28,7 +28,12 @@ from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.jvm_process,
+]
 
 #: Bounds the server's start and every command run against it.
 SERVER_START_S = 180

@@ -40,7 +40,7 @@ from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.checkpoint import HEARTBEAT_ENV
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.jvm_process]
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "kafka_like_job.py"
 TABLES = ("outcomes", "unmatched", "rejected", "late")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections import Counter
 from typing import Any
 
@@ -30,6 +31,10 @@ from tickwheel.pipeline.rules import Rules, load_rules, parse_rules
 pa = pytest.importorskip("pyarrow")
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+#: Random streams a run: the fast tier (`make check`, TICKWHEEL_TEST_EXAMPLES=few) runs
+#: three, between edits; `make test` and CI run all ten.
+EXAMPLES = 3 if os.environ.get("TICKWHEEL_TEST_EXAMPLES") == "few" else 10
 
 #: The processing time of every micro-batch: the far-future guard's base.
 NOW = 1_000_000_000
@@ -213,7 +218,7 @@ def _multiset(table: Any) -> Counter[tuple[Any, ...]]:
 
 
 @settings(
-    max_examples=10,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

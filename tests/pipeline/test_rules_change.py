@@ -262,6 +262,7 @@ def test_a_removed_rule_without_pending_operations_applies(spark: Any, tmp_path:
     assert stream.run(rules_text())["batches_run"] == 1
 
 
+@pytest.mark.jvm_process
 def test_the_cli_refuses_in_one_message(spark: Any, tmp_path: Path) -> None:
     """``pipeline stream`` on a renamed rule: exit 2, one line of error, no traceback."""
     stream = Stream(spark, tmp_path)

@@ -231,6 +231,7 @@ def _assert_secret_nowhere(tmp: Path, server: Any, database: str, proc: Any) -> 
         assert _leaks(server.psql(f'SELECT t::text FROM "{table}" t', database)) == [], table
 
 
+@pytest.mark.jvm_process
 @pytest.mark.spark
 @pytest.mark.slow
 def test_stream_cli_keeps_the_password_secret(tmp_path: Path, server: Any) -> None:

@@ -134,6 +134,7 @@ def _job(stream_input: dict[str, Path], fault: str | None) -> Path:
     return out
 
 
+@pytest.mark.jvm_process
 def test_a_table_keyed_by_batch_id_holds_each_batch_once(
     spark: Any, function_outputs: Path, committed_outcomes: list[tuple[Any, ...]]
 ) -> None:
@@ -145,6 +146,7 @@ def test_a_table_keyed_by_batch_id_holds_each_batch_once(
     ]  # fmt: skip
 
 
+@pytest.mark.jvm_process
 def test_a_topic_gets_a_replayed_batch_twice_and_its_consumer_keeps_one(
     function_outputs: Path, committed_outcomes: list[tuple[Any, ...]]
 ) -> None:

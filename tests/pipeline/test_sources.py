@@ -385,6 +385,7 @@ def _only_published_batches(spark: Any, where: _Storage) -> None:
         assert rows == distinct, table
 
 
+@pytest.mark.jvm_process
 @pytest.mark.slow
 @pytest.mark.connect
 @pytest.mark.timeout(1800)
@@ -446,6 +447,7 @@ def test_rules_may_be_a_rules_object_or_a_path(spark: Any, edge_input: dict[str,
     assert got[0] == got[1] == _reference_tables(run_reference(lines, rules))
 
 
+@pytest.mark.jvm_process
 @pytest.mark.slow
 @pytest.mark.connect
 def test_the_example_plain_pyspark_program_runs(spark: Any, tmp_path: Path) -> None:

@@ -49,7 +49,12 @@ from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.jvm_process,
+]
 
 #: Increment files, one micro-batch each (``--max-files-per-trigger 1``).
 INCREMENTS = 4

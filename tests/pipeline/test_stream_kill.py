@@ -38,7 +38,12 @@ from tickwheel.pipeline.stream.start import read_stream_outputs
 
 # Up to four driver starts per test (killed runs, then a clean one): a JVM each; generous
 # bound for shared, loaded CI machines.
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.timeout(1500),
+    pytest.mark.jvm_process,
+]
 
 #: A snapshot of the state every K = 3 commits: batches 0 and 3 commit the whole
 #: state, 1, 2 and 4 its changelog (``stream/resident.py``).

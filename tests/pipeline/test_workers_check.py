@@ -140,6 +140,7 @@ def arrow_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     return python
 
 
+@pytest.mark.jvm_process
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "python"),
@@ -196,6 +197,7 @@ spark.stop()
 """
 
 
+@pytest.mark.jvm_process
 @pytest.mark.slow
 def test_a_library_call_on_a_session_whose_workers_lack_tickwheel(
     tmp_path: Path, bare_python: str
