@@ -181,7 +181,7 @@ def run_partition(
     """
     import pyarrow as pa
 
-    with cyclic_gc_paused():  # as partition_function's
+    with cyclic_gc_paused():  # as _partition_runner's
         started = time.perf_counter()
         state = state_inputs(ops) if ops is not None else arrow_schema(IN_COLUMNS).empty_table()
         batches = _process(rules, start_ms, watermark_ms, event_inputs(events), state,
@@ -264,21 +264,15 @@ def partition_function(
     column mapping and the routing against one processor run over all the events.
     """
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def split(batches: list[pa.RecordBatch]) -> tuple[pa.Table, pa.Table]:
         import pyarrow as pa
         import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-        # Paused from the first row in to the last row out: the conversions
-        # allocate a tuple per row, and the restored state is most of the heap.
-        with cyclic_gc_paused():
-            started = time.perf_counter()
-            table = _concat(pa, batches, arrow_schema(IN_COLUMNS))
-            is_state = pc.is_valid(table["state_kind"])
-            out = _process(rules, start_ms, watermark_ms, table.filter(pc.invert(is_state)),
-                           table.filter(is_state), markers, changes, started)  # fmt: skip
-        yield from out
+        table = _concat(pa, batches, arrow_schema(IN_COLUMNS))
+        is_state = pc.is_valid(table["state_kind"])
+        return table.filter(pc.invert(is_state)), table.filter(is_state)
 
-    return run
+    return _partition_runner(rules, start_ms, watermark_ms, markers, changes, split)
 
 
 def routed_partition_function(
@@ -295,19 +289,39 @@ def routed_partition_function(
     (:func:`.fanout.rule_events`); the carried operations come as a partition's
     input rows, with their route."""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def split(batches: list[pa.RecordBatch]) -> tuple[pa.Table, pa.Table]:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        with cyclic_gc_paused():  # as partition_function's
+        table = pa.Table.from_batches(batches)
+        is_state = pc.is_valid(table["state_kind"])
+        events = event_inputs(rule_events(table.filter(pc.invert(is_state)), rules, True))
+        return events, table.filter(is_state).select([name for name, _ in IN_COLUMNS])
+
+    return _partition_runner(rules, start_ms, watermark_ms, markers, changes, split)
+
+
+def _partition_runner(
+    rules: Rules,
+    start_ms: int | None,
+    watermark_ms: int,
+    markers: bool,
+    changes: bool,
+    split: Callable[[list[pa.RecordBatch]], tuple[pa.Table, pa.Table]],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The one body of both partition functions: ``split`` makes a partition's non-empty
+    input batches its (events, state) rows of :data:`IN_COLUMNS`, which
+    :func:`_process` runs. No rows in: no rows out."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Paused from the first row in to the last row out: the conversions
+        # allocate a tuple per row, and the restored state is most of the heap.
+        with cyclic_gc_paused():
             started = time.perf_counter()
             given = [b for b in batches if b.num_rows]
             if not given:
                 return
-            table = pa.Table.from_batches(given)
-            is_state = pc.is_valid(table["state_kind"])
-            events = event_inputs(rule_events(table.filter(pc.invert(is_state)), rules, True))
-            state = table.filter(is_state).select([name for name, _ in IN_COLUMNS])
+            events, state = split(given)
             out = _process(rules, start_ms, watermark_ms, events, state, markers, changes,
                            started)  # fmt: skip
         yield from out
@@ -315,12 +329,9 @@ def routed_partition_function(
     return run
 
 
-def _concat(pa: Any, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
-    """``batches`` as one table of ``schema`` (their columns cast to its types)."""
-    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
-    if not tables:
-        return schema.empty_table()
-    return pa.concat_tables([t.cast(schema) for t in tables])
+def _concat(pa: Any, batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """Non-empty ``batches`` as one table of ``schema`` (their columns cast to its types)."""
+    return pa.concat_tables([pa.Table.from_batches([b]).cast(schema) for b in batches])
 
 
 def _untouched_state(rules: Rules, events: Any, state: Any, watermark_ms: int) -> Any:
