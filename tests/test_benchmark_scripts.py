@@ -101,6 +101,15 @@ def test_bench_pipeline_loop_runs_both_paths() -> None:
     assert sides == {"tickwheel", "tickwheel-pure"}
 
 
+def test_bench_state_replay_prints_all_three_ways() -> None:
+    """The replay's benchmark checks each way's state equal, then prints the ratios."""
+    pytest.importorskip("pyarrow")
+    out = _run("bench_state_replay.py", "--pending", "2000", "--changelogs", "3",
+               "--touched", "50", "--repeat", "1")  # fmt: skip
+    row = next(line for line in out.splitlines() if line.strip().startswith("2,000"))
+    assert row.count("x") == 2  # row by row / tickwheel, tickwheel / floor
+
+
 def test_bench_purgatory_prints_both_paths() -> None:
     out = _run(
         "bench_purgatory.py",

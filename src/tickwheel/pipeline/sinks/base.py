@@ -93,4 +93,5 @@ def write_empty_parquet(storage: Storage, directory: str, schema: StructType) ->
     from ..spark.frames import write_arrow_parquet
 
     empty = pa.Table.from_batches([], schema=to_arrow_schema(schema))
-    return write_arrow_parquet(empty, directory, storage)
+    (name,) = write_arrow_parquet(empty, directory, storage)
+    return name

@@ -272,7 +272,7 @@ def write_parquet(
     A frame is written by Spark's writer: one job, a file per partition, and
     Hadoop's commit protocol (task and job commits, ``_SUCCESS``), which for a
     table of a few rows costs more than the rows do. An Arrow table, held in
-    the driver, is written there as one file with pyarrow, through ``storage``
+    the driver, is written there with pyarrow, a file a piece of it, through ``storage``
     (default: a local path) (:func:`write_arrow_parquet`, ``fresh`` as there).
     Either way the files hold the same rows under the same column names and
     Spark types.
@@ -281,19 +281,27 @@ def write_parquet(
     when Spark's writer did (list ``directory`` for them).
     """
     if is_arrow(table):
-        return [write_arrow_parquet(table, directory, storage, fresh=fresh)]
+        return write_arrow_parquet(table, directory, storage, fresh=fresh)
     table.write.mode("error").parquet(directory)  # "errorifexists": not on Connect
     return None
 
 
+#: The most bytes of Arrow memory one Parquet file the driver writes holds. A larger
+#: table is written in pieces, a file each: no file is one huge byte array in memory
+#: or in one storage call (a Java array at a URI stops at 2 GiB).
+PIECE_BYTES = 256 * 2**20
+
+
 def write_arrow_parquet(
     table: Any, directory: str, storage: Storage | None = None, *, fresh: bool = False
-) -> str:
-    """``table`` (Arrow) as one Parquet file in the new ``directory``, through ``storage``
-    (default: a local path), seen whole or not at all (:meth:`~..storage.Storage.create`);
-    the file's name. ``fresh``: the caller knows ``directory`` is new (an attempt's
-    own, named by no earlier write), so it is not looked for first. One call, two
-    without ``fresh``."""
+) -> list[str]:
+    """``table`` (Arrow) as Parquet files in the new ``directory``, through ``storage``
+    (default: a local path), each seen whole or not at all
+    (:meth:`~..storage.Storage.create`); the files' names, in the rows' order. One
+    file holds at most :data:`PIECE_BYTES` of the table's memory, so a large table is
+    written a piece at a time. ``fresh``: the caller knows ``directory`` is new (an
+    attempt's own, named by no earlier write), so it is not looked for first. One
+    call a file, and one more without ``fresh``."""
     import pyarrow as pa
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
@@ -303,9 +311,23 @@ def write_arrow_parquet(
     # As Spark's writer in mode error: never into old files.
     if not fresh and target.exists(directory):
         raise FileExistsError(directory)
-    buffer = pa.BufferOutputStream()
-    pq.write_table(table, buffer)
+    names = []
     # a name of its own, as Spark's writer gives each file: a replay never reuses a path
-    name = f"part-00000-{uuid.uuid4()}-driver.parquet"
-    target.create(join(directory, name), buffer.getvalue().to_pybytes())
-    return name
+    run = uuid.uuid4()
+    for number, piece in enumerate(_pieces(table)):
+        buffer = pa.BufferOutputStream()
+        pq.write_table(piece, buffer)
+        name = f"part-{number:05d}-{run}-driver.parquet"
+        target.create(join(directory, name), buffer.getvalue().to_pybytes())
+        names.append(name)
+    return names
+
+
+def _pieces(table: Any) -> list[Any]:
+    """``table`` cut into slices of at most :data:`PIECE_BYTES` each (at least a row);
+    an empty table as itself, so its file holds the schema. Zero-copy."""
+    rows = table.num_rows
+    if rows == 0 or table.nbytes <= PIECE_BYTES:
+        return [table]
+    per = max(1, rows * PIECE_BYTES // table.nbytes)
+    return [table.slice(start, per) for start in range(0, rows, per)]
