@@ -275,6 +275,25 @@ def test_touched_operations_are_found_among_many_segments() -> None:
     assert sorted(set(due["time"].to_pylist())) == list(range(1, 11))
 
 
+def test_the_index_measures_the_bytes_it_holds() -> None:
+    """``nbytes`` is what the segments hold, Arrow and indexes: at least the rows'
+    buffers, growing with the rows, shrinking once taken rows merge away."""
+    index = OpsIndex(["payment"], None)
+    assert index.nbytes == 0
+    table = pa.Table.from_pylist(
+        [{"kind": "pending", "rule": "payment", "key": f"k{i}", "event_id": f"e{i}",
+          "time": i, "deadline": 10_000 + i} for i in range(1_000)],
+        schema=OPS_SCHEMA,
+    )  # fmt: skip
+    index.add(table)
+    held = index.nbytes
+    assert held >= table.nbytes + 1_000 * (6 * 8 + 1)  # the rows and 7 index words a row
+    index.add(table.slice(0, 10))
+    assert index.nbytes > held
+    index.take_touched({"payment": pa.array([f"k{i}" for i in range(900)])}, 0)
+    assert index.rows == 100 and index.nbytes < held / 2  # mostly dead: merged away
+
+
 def test_a_null_the_purgatory_needs_is_always_taken_in() -> None:
     """A row the purgatory would refuse is not hidden by the index: it goes in, and the
     purgatory says what is wrong with it."""

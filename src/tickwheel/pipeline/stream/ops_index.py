@@ -18,7 +18,8 @@ O(log n) times in all and a lookup asks O(log n) segments.
 Costs, for n rows held and t rows touched: :meth:`~OpsIndex.take_touched`
 O(t + k log n) for k keys of the micro-batch's events; :meth:`~OpsIndex.add`
 O(a log a) for a rows, plus merges, O(log n) per row amortised;
-:meth:`~OpsIndex.table` O(n). About 40 bytes per row beside the Arrow table.
+:meth:`~OpsIndex.table` O(n). :attr:`~OpsIndex.nbytes` measures what it holds
+(``docs/scaling.md``, "Bytes per pending operation").
 Needs numpy and pyarrow (the ``spark`` extra).
 """
 
@@ -171,6 +172,13 @@ class _Segment:
         )
         return np.unique(found[same])
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes this segment holds: its rows' Arrow buffers and its indexes. O(columns)."""
+        arrays = (self.rule_index, self.hashes, self.by_hash, self.sorted_hashes, self.due_at,
+                  self.by_due, self.sorted_due, self.alive)  # fmt: skip
+        return int(self.table.nbytes) + sum(int(a.nbytes) for a in arrays)
+
     def take(self, positions: np.ndarray) -> pa.Table:
         """The rows at ``positions``, marked dead. O(len)."""
         self.alive[positions] = False
@@ -216,6 +224,12 @@ class OpsIndex:
     def rows(self) -> int:
         """The rows held. O(segments)."""
         return sum(segment.live for segment in self._segments)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes held, measured: every segment's Arrow buffers (dead rows too, until
+        their segment merges) and its indexes. O(segments)."""
+        return sum(segment.nbytes for segment in self._segments)
 
     def add(self, table: pa.Table) -> None:
         """Hold ``table``'s rows too (the operations a micro-batch made). O(a log a), and
