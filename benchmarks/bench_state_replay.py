@@ -55,18 +55,17 @@ def _changelogs(state: pa.Table, count: int, touched: int, seed: int) -> list[Ch
     """``count`` changelogs over ``state``: each removes ``touched`` of its rows as they
     then stand and adds as many new ones."""
     rng = np.random.default_rng(seed)
-    changes, rows, fresh = [], state.num_rows, state.num_rows
+    changes: list[Change] = []
+    current, fresh = state, state.num_rows
     for _ in range(count):
+        rows = current.num_rows
         taken = rng.choice(rows, size=min(touched, rows), replace=False)
         mask = np.ones(rows, dtype=bool)
         mask[taken] = False
-        current = state
-        for added, _, kept in changes:
-            current = pa.concat_tables([current.filter(kept), added])
         added = _ops(10**9 + fresh, touched)
         fresh += touched
         changes.append((added, current.take(pa.array(taken)), mask))
-        rows = rows - len(taken) + touched
+        current = pa.concat_tables([current.filter(mask), added])
     return changes
 
 

@@ -73,7 +73,9 @@ def _kept_rows(before: pa.Table, removed: pa.Table) -> pa.Array:
 
     candidates = np.arange(before.num_rows, dtype=np.int64)
     for i in range(before.num_columns):
-        column = before.column(i).take(pa.array(candidates))
+        column = before.column(i)
+        if len(candidates) < before.num_rows:  # only the rows still in the running
+            column = column.take(pa.array(candidates))
         found = pc.is_in(column, value_set=removed.column(i).combine_chunks(), skip_nulls=False)
         candidates = candidates[found.to_numpy(zero_copy_only=False)]
     left, right = _join_keys(before.take(pa.array(candidates)), removed)
