@@ -29,7 +29,15 @@ from tickwheel.pipeline.stream.changelog import (  # noqa: E402
     write_tables,
 )
 from tickwheel.pipeline.stream.checkpoint import Attempt, Commit, StateEntry, StateStore  # noqa: E402
-from tickwheel.pipeline.stream.resident import HeldState, next_entry, next_resident  # noqa: E402
+from tickwheel.pipeline.stream.resident import (  # noqa: E402
+    DRIVER_STATE_BYTES_ENV,
+    HeldState,
+    default_driver_state_bytes,
+    driver_state_bytes,
+    next_entry,
+    next_resident,
+    parse_bytes,
+)
 
 SCHEMA = pa.schema([("kind", pa.string()), ("key", pa.string()), ("time", pa.int64())])
 Row = tuple[str | None, str, int]
@@ -289,3 +297,66 @@ def test_a_large_table_is_written_in_pieces_and_read_back_whole(
     assert back.equals(table)
     # an empty table is still one file: it holds the schema
     assert len(frames.write_arrow_parquet(table.slice(0, 0), str(tmp_path / "e"), storage)) == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [(1, 1), (4096, 4096), ("4096", 4096), ("512m", 512 * 2**20), (" 3G ", 3 * 2**30),
+     ("1.5k", 1536), ("2t", 2 * 2**40), ("10b", 10)],
+)  # fmt: skip
+def test_a_size_is_bytes_or_a_number_with_a_binary_unit(given: Any, expected: int) -> None:
+    assert parse_bytes(given, "bound") == expected
+
+
+@pytest.mark.parametrize("given", [0, -1, "0", "0.5", "-3g", "", "g", "3x", "3 gb", "inf", "nan"])
+def test_a_size_below_a_byte_or_unreadable_is_refused_naming_the_option(given: Any) -> None:
+    with pytest.raises(ValueError, match=r"^bound must be a size of at least 1 byte .*got"):
+        parse_bytes(given, "bound")
+
+
+def test_the_drivers_bound_is_given_else_the_environments_else_a_share_of_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(DRIVER_STATE_BYTES_ENV, raising=False)
+    assert default_driver_state_bytes(24 * 2**30) == 3 * 2**30
+    assert driver_state_bytes() == default_driver_state_bytes() > 0
+    assert HeldState().driver_state_bytes == default_driver_state_bytes()
+    monkeypatch.setenv(DRIVER_STATE_BYTES_ENV, "2m")
+    assert driver_state_bytes() == HeldState().driver_state_bytes == 2 * 2**20
+    assert HeldState(state_bytes="1k").driver_state_bytes == 1024  # given beats the environment
+    monkeypatch.setenv(DRIVER_STATE_BYTES_ENV, "lots")
+    with pytest.raises(ValueError, match=DRIVER_STATE_BYTES_ENV):
+        HeldState()
+
+
+def test_the_command_line_refuses_a_bad_bound_before_it_takes_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tickwheel._cli import main
+
+    ck = tmp_path / "ck"
+    (tmp_path / "in").mkdir()
+    code = main(["pipeline", "stream", "--rules", "examples/orders.toml", "--input",
+                 str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--checkpoint",
+                 str(ck), "--driver-state-bytes", "0"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "error: --driver-state-bytes must be a size of at least 1 byte" in err
+    assert err.rstrip().endswith("got '0'")
+    assert not ck.exists()
+
+
+def test_a_driver_held_state_measures_its_bytes_and_one_spark_holds_has_none() -> None:
+    from tickwheel.pipeline.stream.ops_index import OpsIndex, ops_schema
+    from tickwheel.pipeline.stream.resident import ResidentState
+
+    events = pa.table({"event_id": ["a", "b"], "time": [1, 2]})
+    rows = [{"kind": "pending", "rule": "r", "key": f"k{i}", "event_id": f"e{i}", "time": i,
+             "deadline": i + 10} for i in range(100)]  # fmt: skip
+    ops = OpsIndex(["r"], None, pa.Table.from_pylist(rows, schema=ops_schema()))
+    tables = {"events": events}
+    state = ResidentState(3, "t", rows=102, base=0, changelogs=3, tables=tables, ops=ops)
+    assert state.provider == "driver"
+    assert state.nbytes == events.nbytes + ops.nbytes > events.nbytes
+    by_spark = ResidentState(3, "t", rows=102, base=0, changelogs=3, frames={})
+    assert by_spark.provider == "spark" and by_spark.nbytes is None

@@ -30,6 +30,7 @@ from tickwheel._cli import main
 from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.stream.checkpoint import CheckpointInUse, StreamError
+from tickwheel.pipeline.stream.resident import format_bytes
 from tickwheel.pipeline.stream.status import checkpoint_status
 from tickwheel.pipeline.stream.status_report import render_status
 
@@ -147,6 +148,11 @@ def test_status_of_a_finished_checkpoint(spark: Any, finished: dict[str, Any]) -
     assert meta["state_rows"] == sum(kinds.values()) + status["events"]["rows"]
     size, count = _tree_bytes(state)
     assert status["state"] == {**status["state"], "path": str(state), "bytes": size, "files": count}
+    # Who held the state, and the driver's memory it took there, measured.
+    assert status["state"]["provider"] == meta["state_provider"] == "driver"
+    assert status["state"]["memory_bytes"] == meta["state_bytes"] > 0
+    held = f"  state held by   the driver, {format_bytes(meta['state_bytes'])} of its memory\n"
+    assert held in render_status(status)
 
     files = status["files"]
     assert files["source"] == "tickwheel" and files["taken"] == 3

@@ -309,13 +309,18 @@ def test_a_null_the_purgatory_needs_is_always_taken_in() -> None:
 
 
 @pytest.mark.spark
-def test_a_stream_gives_the_same_whether_its_operations_are_indexed_or_held_by_spark(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_stream_gives_the_same_whether_the_driver_or_spark_holds_its_state(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The same files through the stream twice: its operations held in the driver and
-    indexed (the micro-batches take in what they touch), and held by Spark (they go
-    through the purgatory whole). Each committed state, and the outputs, are the
-    same, and the reference's."""
+    """The same files through the stream three times: its state held in the driver, its
+    operations indexed (the micro-batches take in what they touch); held by Spark from
+    the start (the bound, from the environment, below any state: they go through the
+    purgatory whole); and moved at run time, when the driver's state passes a bound
+    (given in the job's options) between the first and the last micro-batch. Each
+    committed state, and the outputs, are the same, and the reference's; the commits
+    say who held each state, and the driver's measured bytes; the move is logged once."""
+    import logging
+
     from stream_support import compare_with_reference, feed, write_rules
 
     from support.reference import iter_input_lines, run_reference
@@ -323,7 +328,7 @@ def test_a_stream_gives_the_same_whether_its_operations_are_indexed_or_held_by_s
     from tickwheel.pipeline.rules import load_rules
     from tickwheel.pipeline.stream.changelog import committed_tables
     from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
-    from tickwheel.pipeline.stream.resident import DRIVER_STATE_ROWS_ENV
+    from tickwheel.pipeline.stream.resident import DRIVER_STATE_BYTES_ENV
     from tickwheel.pipeline.stream.start import read_stream_outputs
 
     gen = tmp_path / "gen"
@@ -332,23 +337,23 @@ def test_a_stream_gives_the_same_whether_its_operations_are_indexed_or_held_by_s
     rules = write_rules(tmp_path / "rules.toml")
     reference = run_reference(iter_input_lines(gen), load_rules(rules))
 
-    def run(name: str) -> tuple[list[Counter[tuple[Any, ...]]], set[str]]:
+    def run(name: str, bound: int | None = None) -> tuple[list[Any], list[Any]]:
+        """Each commit's operations (a multiset) and (held by, bytes) of its state."""
         work = tmp_path / name
         feed(files, work / "in", len(files))
         config = StreamConfig(
             rules_path=str(rules), input=str(work / "in"), output=str(work / "out"),
             checkpoint=str(work / "ck"), max_files_per_trigger=1, partitions=2,
+            driver_state_bytes=bound,
         )  # fmt: skip
         states: list[Counter[tuple[Any, ...]]] = []
-        held: set[str] = set()
+        held: list[tuple[str | None, int | None]] = []
         with FileStreamJob(config, spark=spark) as job:
             commit = job.store.commit
 
             def recording(made: Any) -> Any:
                 record = commit(made)
-                state = job.held.state  # the state carried in (none before the first)
-                if state is not None:
-                    held.add("indexed" if state.ops is not None else "spark")
+                held.append((record.state_provider, record.state_bytes))
                 ops = committed_tables(job.store, record.batch_id, record)["ops"]
                 states.append(_multiset(ops.select(list(OPS))))
                 return record
@@ -362,7 +367,74 @@ def test_a_stream_gives_the_same_whether_its_operations_are_indexed_or_held_by_s
         return states, held
 
     indexed, held_indexed = run("indexed")
-    monkeypatch.setenv(DRIVER_STATE_ROWS_ENV, "1")
+    assert all(by == "driver" and nbytes is not None and nbytes > 0 for by, nbytes in held_indexed)
+    sizes = [nbytes for _by, nbytes in held_indexed]
+    assert sizes[0] < sizes[1]  # so a bound between them is passed after the second
+
+    caplog.set_level(logging.WARNING, logger="tickwheel.pipeline.stream.micro_batch")
+    moved, held_moved = run("moved", bound=sizes[0])
+    moves = [r for r in caplog.records if "Spark holds it from now on" in r.getMessage()]
+    assert len(moves) == 1 and "batch 2:" in moves[0].getMessage()
+    assert held_moved == [*held_indexed[:2], *[("spark", None)] * (len(files) - 2)]
+
+    monkeypatch.setenv(DRIVER_STATE_BYTES_ENV, "1")
     by_spark, held_by_spark = run("spark")
-    assert indexed == by_spark
-    assert held_indexed == {"indexed"} and held_by_spark == {"spark"}
+    assert held_by_spark == [("spark", None)] * len(files)
+    assert indexed == moved == by_spark
+
+
+@pytest.mark.spark
+def test_a_restart_rebuilds_the_state_where_the_bound_then_says(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spark holds the state while the bound is below it; a restart with a bound it fits
+    rebuilds it in the driver (it moves back), and one with a bound below the bytes
+    the driver measured rebuilds it with Spark, without holding it in the driver
+    first. The outputs stay the reference's throughout."""
+    import logging
+
+    from stream_support import compare_with_reference, feed, write_rules
+
+    from support.reference import iter_input_lines, run_reference
+    from tickwheel.pipeline.generate import generate_orders
+    from tickwheel.pipeline.rules import load_rules
+    from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
+    from tickwheel.pipeline.stream.start import read_stream_outputs
+
+    gen = tmp_path / "gen"
+    generate_orders(150, gen, seed=9, files=3)
+    files = sorted(gen.glob("part-*.jsonl"))
+    rules = write_rules(tmp_path / "rules.toml")
+    held: list[tuple[str | None, int | None]] = []
+
+    def run(taken: int, bound: str | None) -> None:
+        feed(files[taken - 1 : taken], tmp_path / "in", 1, start=taken - 1)
+        config = StreamConfig(
+            rules_path=str(rules), input=str(tmp_path / "in"), output=str(tmp_path / "out"),
+            checkpoint=str(tmp_path / "ck"), max_files_per_trigger=1, partitions=2,
+            driver_state_bytes=bound,
+        )  # fmt: skip
+        with FileStreamJob(config, spark=spark) as job:
+            commit = job.store.commit
+
+            def recording(made: Any) -> Any:
+                record = commit(made)
+                held.append((record.state_provider, record.state_bytes))
+                return record
+
+            job.store.commit = recording  # type: ignore[method-assign]
+            assert job.run()["batches_run"] == 1
+            assert job.sink is not None
+            lines = [line for f in files[:taken] for line in iter_input_lines(f)]
+            reference = run_reference(lines, load_rules(rules))
+            compare_with_reference(
+                read_stream_outputs(spark, job.sink, str(tmp_path / "ck")), reference
+            )
+
+    caplog.set_level(logging.WARNING, logger="tickwheel.pipeline.stream.micro_batch")
+    run(1, "1")
+    run(2, None)  # the default bound: back in the driver, its bytes measured
+    run(3, "1")  # below what the driver measured: rebuilt with Spark, not moved
+    assert [by for by, _nbytes in held] == ["spark", "driver", "spark"]
+    assert held[1][1] is not None and held[1][1] > 1
+    assert not [r for r in caplog.records if "Spark holds it from now on" in r.getMessage()]

@@ -104,6 +104,13 @@ def add_stream_arguments(parser: Any) -> None:
         "of this machine's memory)",
     )
     parser.add_argument(
+        "--driver-state-bytes",
+        metavar="SIZE",
+        help="the most of the driver's memory the state may take there, as bytes or '3g' "
+        "(default: TICKWHEEL_DRIVER_STATE_BYTES, else an eighth of this machine's memory); "
+        "past it, Spark holds the state and each micro-batch takes it whole",
+    )
+    parser.add_argument(
         "--jit",
         choices=("auto", "c1", "c2"),
         default="auto",
@@ -145,6 +152,7 @@ def run_stream_command(args: Any) -> int:
             master=args.master,
             remote=args.remote,
             driver_memory=args.driver_memory or default_driver_memory(),
+            driver_state_bytes=args.driver_state_bytes,
             jit=args.jit,
             drop_incompatible_state=args.drop_incompatible_state,
             progress_metrics=args.progress_metrics,

@@ -23,7 +23,7 @@ from .checkpoint import StateStore, StreamError, take_checkpoint
 from .file_input import InputFiles
 from .micro_batch import MicroBatchInput
 from .query import before_first_batch, parse_trigger, start_query
-from .resident import HeldState
+from .resident import HeldState, parse_bytes
 from .runner import StreamStep
 
 if TYPE_CHECKING:
@@ -61,6 +61,9 @@ class StreamConfig:
     remote: str | None = None  # a Spark Connect URL (sc://host:port), instead of master
     driver_memory: str | None = None  # default: spark.session.default_driver_memory()
     jit: str = "auto"  # auto | c1 | c2: see FileStreamJob.quick_jit
+    # The driver's bound on the state it holds (bytes, or "3g"); past it, Spark holds
+    # it. None: TICKWHEEL_DRIVER_STATE_BYTES, else a share of the machine's memory.
+    driver_state_bytes: int | str | None = None
     # Go on past a rules change the state cannot follow, dropping what it concerns.
     drop_incompatible_state: bool = False
     # Each micro-batch's figures in Spark's progress, through a companion query.
@@ -100,12 +103,17 @@ class FileStreamJob:
             clean_source=config.clean_source, source_archive_dir=config.source_archive_dir,
             max_file_age=config.max_file_age,
         )  # fmt: skip
+        #: The state between micro-batches, held by the process that runs them.
+        bound = config.driver_state_bytes
+        try:
+            bound = None if bound is None else parse_bytes(bound, "--driver-state-bytes")
+            self.held = HeldState(state_bytes=bound)
+        except ValueError as exc:  # the option's, or the environment's
+            raise StreamError(str(exc)) from None
         self.checkpoint = absolute(config.checkpoint)
         self._store: StateStore | None = None
         if not is_uri(self.checkpoint):  # refused before Spark starts
             self._store = take_checkpoint(self.checkpoint)
-        #: The state between micro-batches, held by the process that runs them.
-        self.held = HeldState()
         self._spark = spark
         self._batch_spark: SparkSession | None = None
         #: The sink, once :meth:`run` made it.

@@ -21,7 +21,15 @@ from .changelog import rebuild, write_tables
 from .checkpoint import Commit, StateEntry, StateStore, fault
 from .evolution import StateAdjustment, rules_record
 from .ops_index import OpsIndex
-from .resident import HeldState, ResidentState, driver_state_rows, next_entry, next_resident
+from .resident import (
+    DRIVER_STATE_BYTES_ENV,
+    UNMEASURED_ROW_BYTES,
+    HeldState,
+    ResidentState,
+    format_bytes,
+    next_entry,
+    next_resident,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -174,16 +182,45 @@ class MicroBatch:
     def _carried(self, previous: Commit) -> ResidentState:
         """The state ``previous`` left: the one held when it is that commit's, never
         another (a takeover, a fenced attempt, a replay), else rebuilt and held from
-        now on: in the driver, its operations indexed, up to
-        :func:`~.resident.driver_state_rows` rows; else by Spark."""
+        now on: in the driver, its operations indexed, when it fits the driver's
+        bound (:meth:`_rebuild_in_driver`); else by Spark. A state the driver holds
+        past its bound moves to Spark first (:meth:`_move_to_spark`)."""
         state = self.held.take_for(previous, self.batch_id)
         if state is None:
-            rows = previous.state_rows
-            in_driver = rows is not None and rows <= driver_state_rows()
+            in_driver = self._rebuild_in_driver(previous)
             state = rebuild(self.store, self.spark, previous, self._schemas(), in_driver)
-            self.held.hold(state.indexed(self.rules.names, self.rules.input.retention_ms))
+            state = state.indexed(self.rules.names, self.rules.input.retention_ms)
+            self.held.hold(state)
+        nbytes, bound = state.nbytes, self.held.driver_state_bytes
+        if nbytes is not None and nbytes > bound:
+            state = self._move_to_spark(state, nbytes)
         self.carried = state
         return state
+
+    def _rebuild_in_driver(self, previous: Commit) -> bool:
+        """Whether the state ``previous`` left is rebuilt in the driver: its bytes as the
+        driver last measured them, or, for a state the driver never held (or an
+        older release's commit), its rows at
+        :data:`~.resident.UNMEASURED_ROW_BYTES` each, within the bound. O(1)."""
+        measured = previous.state_bytes
+        if measured is None and previous.state_rows is not None:
+            measured = previous.state_rows * UNMEASURED_ROW_BYTES
+        return measured is not None and measured <= self.held.driver_state_bytes
+
+    def _move_to_spark(self, state: ResidentState, nbytes: int) -> ResidentState:
+        """``state``, held by the driver past its bound, held by Spark from now on, and
+        logged: the move sends its rows through the JVM once, and from then on each
+        micro-batch takes the whole state through its purgatory. O(rows)."""
+        moved = state.moved_to_spark(self.spark)
+        self.held.hold(moved)
+        logger.warning(
+            "batch %d: the state (%d rows) takes %s of the driver's memory, past its bound "
+            "of %s: Spark holds it from now on, and each micro-batch takes it whole (raise "
+            "the bound with --driver-state-bytes, driver_state_bytes= or %s)",
+            self.batch_id, state.rows, format_bytes(nbytes),
+            format_bytes(self.held.driver_state_bytes), DRIVER_STATE_BYTES_ENV,
+        )  # fmt: skip
+        return moved
 
     def _schemas(self) -> dict[str, str]:
         """Each state table's DDL: reading it then needs no job over its footers."""
@@ -273,6 +310,7 @@ class MicroBatch:
         try:
             committed = self.store.commit(dataclasses.replace(
                 commit, attempt=attempt.tag, state_rows=written.rows, state=entry,
+                state_provider=written.provider, state_bytes=written.nbytes,
                 sink={**sink_location(self.sink), "staged": staged},
             ))  # fmt: skip
         except BaseException:
@@ -331,8 +369,8 @@ class MicroBatch:
         carried = self.carried
         if carried is not None:
             by_spark = carried.frames is not None
-        else:  # the first state: the driver holds it unless its events say it is too big
-            by_spark = step.counts().kept > driver_state_rows()
+        else:  # the first state: the driver holds it unless its rows say it is too big
+            by_spark = step.counts().kept * UNMEASURED_ROW_BYTES > self.held.driver_state_bytes
         tables = step.tables(["events", "ops_rows"])
         if by_spark:
             events, ops_rows = (as_frame(self.spark, tables[n]) for n in ("events", "ops_rows"))

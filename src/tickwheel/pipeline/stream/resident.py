@@ -26,15 +26,19 @@ if TYPE_CHECKING:
     from .ops_index import OpsIndex
 
 __all__ = [
-    "DRIVER_STATE_ROWS",
-    "DRIVER_STATE_ROWS_ENV",
+    "DRIVER_STATE_BYTES_ENV",
+    "DRIVER_STATE_SHARE",
     "SNAPSHOT_EVERY",
     "SNAPSHOT_EVERY_ENV",
+    "UNMEASURED_ROW_BYTES",
     "HeldState",
     "ResidentState",
-    "driver_state_rows",
+    "default_driver_state_bytes",
+    "driver_state_bytes",
+    "format_bytes",
     "next_entry",
     "next_resident",
+    "parse_bytes",
     "snapshot_every",
 ]
 
@@ -46,11 +50,19 @@ SNAPSHOT_EVERY = 10
 SNAPSHOT_EVERY_ENV = "TICKWHEEL_SNAPSHOT_EVERY"
 
 
-#: The most rows of state the driver holds, its operations indexed by key and due time
-#: (:mod:`.ops_index`); a larger state stays where Spark keeps it.
-DRIVER_STATE_ROWS = 20_000_000
-#: Environment variable that sets it for a job.
-DRIVER_STATE_ROWS_ENV = "TICKWHEEL_DRIVER_STATE_ROWS"
+#: The driver's bound on the state it holds, by default: this share of the machine's
+#: memory (the driver's JVM takes a quarter by default, ``spark.session``). Past the
+#: bound, the next micro-batch moves the state to Spark (``docs/scaling.md``).
+DRIVER_STATE_SHARE = 8
+#: Environment variable that sets the bound for a job: bytes, or with a unit (``"3g"``).
+DRIVER_STATE_BYTES_ENV = "TICKWHEEL_DRIVER_STATE_BYTES"
+#: The bytes a row of state is taken to need in the driver before any was measured: where
+#: to rebuild or first hold a state that was never held in the driver is decided by it
+#: (``docs/scaling.md``, "Bytes per pending operation": 121 measured at 1e6). Once
+#: held, the state's bytes are measured, and it moves if they pass the bound.
+UNMEASURED_ROW_BYTES = 128
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
 def snapshot_every() -> int:
@@ -58,10 +70,52 @@ def snapshot_every() -> int:
     return _positive_int(SNAPSHOT_EVERY_ENV, SNAPSHOT_EVERY)
 
 
-def driver_state_rows() -> int:
-    """``TICKWHEEL_DRIVER_STATE_ROWS`` if set (an int >= 1), else :data:`DRIVER_STATE_ROWS`.
-    O(1)."""
-    return _positive_int(DRIVER_STATE_ROWS_ENV, DRIVER_STATE_ROWS)
+def default_driver_state_bytes(total_bytes: int | None = None) -> int:
+    """The driver's bound on its state when none is set: 1/:data:`DRIVER_STATE_SHARE` of
+    ``total_bytes`` (default: this machine's memory). O(1)."""
+    if total_bytes is None:
+        total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(int(total_bytes) // DRIVER_STATE_SHARE, 1)
+
+
+def driver_state_bytes(given: int | str | None = None) -> int:
+    """The driver's bound on its state, in bytes: ``given`` (bytes, or a size as
+    :func:`parse_bytes` reads it), else ``TICKWHEEL_DRIVER_STATE_BYTES`` if set, else
+    :func:`default_driver_state_bytes`. O(1)."""
+    if given is not None:
+        return parse_bytes(given, "driver_state_bytes")
+    text = os.environ.get(DRIVER_STATE_BYTES_ENV)
+    if not text:
+        return default_driver_state_bytes()
+    return parse_bytes(text, DRIVER_STATE_BYTES_ENV)
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a reader, in the largest binary unit it reaches (``"2.4 GiB"``). O(1)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n} B"
+
+
+def parse_bytes(value: int | str, name: str) -> int:
+    """A size >= 1 byte: an int, or a number with a binary unit as Spark writes memory
+    (``"512m"``, ``"3g"``, ``"1.5t"``; k, m, g, t). A ValueError names ``name``. O(len)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number: float = value
+    else:
+        text = str(value).strip().lower()
+        unit = text[-1:] if text[-1:].isalpha() else ""
+        try:
+            number = float(text[: len(text) - len(unit)]) * _UNITS[unit]
+        except (KeyError, ValueError):
+            number = 0
+    if not 1 <= number < float("inf"):
+        raise ValueError(
+            f"{name} must be a size of at least 1 byte (bytes, or with a unit: '512m', "
+            f"'3g'), got {value!r}"
+        )
+    return int(number)
 
 
 def _positive_int(name: str, default: int) -> int:
@@ -97,6 +151,37 @@ class ResidentState:
     tables: dict[str, pa.Table] | None = None
     frames: dict[str, DataFrame] | None = None
     ops: OpsIndex | None = None
+
+    @property
+    def provider(self) -> str:
+        """Who holds the state: ``"driver"`` (Arrow, its operations indexed) or
+        ``"spark"`` (locally checkpointed frames, the whole state through each
+        micro-batch). O(1)."""
+        return "spark" if self.frames is not None else "driver"
+
+    @property
+    def nbytes(self) -> int | None:
+        """The bytes of the driver's memory the state takes, measured: the Arrow tables'
+        buffers and the operations' index (:attr:`~.ops_index.OpsIndex.nbytes`); None
+        when Spark holds it. O(tables + segments)."""
+        if self.tables is None:
+            return None
+        held = sum(int(table.nbytes) for table in self.tables.values())
+        return held + (self.ops.nbytes if self.ops is not None else 0)
+
+    def moved_to_spark(self, spark: SparkSession) -> ResidentState:
+        """The same committed state, held by Spark: each table (the operations whole) a
+        locally checkpointed frame, made now. Its rows go through the JVM once:
+        O(rows). This state is let go by the holder that takes the new one."""
+        from ..spark.frames import from_arrow
+
+        frames = {
+            name: from_arrow(spark, table).localCheckpoint(eager=True)
+            for name, table in self.as_tables().items()
+        }
+        return ResidentState(
+            self.batch_id, self.attempt, self.rows, self.base, self.changelogs, frames=frames
+        )
 
     def matches(self, commit: Commit) -> bool:
         """Whether this is the state that ``commit`` names: its batch and attempt. O(1)."""
@@ -153,15 +238,22 @@ class HeldState:
     """The state the last commit of this process left, held for the next micro-batch.
 
     One per running query, owned by its runner. ``snapshot_every`` is K
-    (:func:`snapshot_every` when the holder is made). Pickled (Spark Connect
+    (:func:`snapshot_every` when the holder is made); ``driver_state_bytes`` the
+    driver's bound on the state it holds. Pickled (Spark Connect
     ships the runner to the process that runs ``foreachBatch``), a holder
     arrives empty: a state stays in the process that computed it.
     """
 
-    def __init__(self, snapshot_every_k: int | None = None) -> None:
-        """An empty holder. O(1)."""
+    def __init__(
+        self, snapshot_every_k: int | None = None, state_bytes: int | str | None = None
+    ) -> None:
+        """An empty holder. ``state_bytes`` is the driver's bound on the state it holds
+        (:func:`driver_state_bytes`: it reads the environment when None). O(1)."""
         self.state: ResidentState | None = None
         self.snapshot_every = snapshot_every() if snapshot_every_k is None else snapshot_every_k
+        #: The most bytes of the driver's memory the state may take there
+        #: (:attr:`ResidentState.nbytes`); past it, the next micro-batch moves it to Spark.
+        self.driver_state_bytes = driver_state_bytes(state_bytes)
         #: Whether the last micro-batch's records fitted in the driver: the next one's are
         #: expected to (:attr:`~..spark.step.StepOptions.expect_driver`).
         self.records_fit_driver = False

@@ -22,6 +22,7 @@ from .changelog import committed_frames
 from .checkpoint import StateStore, new_plan, take_checkpoint, tickwheel_root
 from .micro_batch import TABLES, MicroBatchInput
 from .query import before_first_batch, parse_trigger, start_query
+from .resident import HeldState
 from .runner import StreamStep
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ def start_stream(
     quiet: bool | None = None,
     drop_incompatible_state: bool = False,
     progress_metrics: bool = False,
+    driver_state_bytes: int | str | None = None,
 ) -> StreamingQuery:
     """Start the delayed operations of a streaming ``records`` frame; return its query.
 
@@ -110,6 +112,12 @@ def start_stream(
         progress of <query id>``, which stops after this one (:mod:`.progress`
         has the fields). It costs one Spark job per micro-batch, and the
         companion's own micro-batches.
+    driver_state_bytes
+        The most of the driver's memory the state may take there, measured: bytes,
+        or a size such as ``"3g"`` (default: ``TICKWHEEL_DRIVER_STATE_BYTES``,
+        else an eighth of the machine's memory). Past it, the next micro-batch
+        moves the state to Spark, which takes it whole through each micro-batch
+        from then on (``docs/scaling.md``, "State in the driver").
 
     Returns
     -------
@@ -127,6 +135,7 @@ def start_stream(
             stacklevel=2,
         )
     _check_stream_arguments(records, sink, output, trigger)
+    held = HeldState(state_bytes=driver_state_bytes)  # a bad bound is refused here
     if not isinstance(rules, Rules):
         rules = load_rules(os.fspath(rules))
     spark = records.sparkSession
@@ -159,7 +168,7 @@ def start_stream(
         step = StreamStep(rules, options, form, adjustment, outcome_counts=progress_metrics)
         running = start_query(
             records, step, batch_sink, store, trigger,
-            inputs=inputs, progress_metrics=progress_metrics,
+            inputs=inputs, held=held, progress_metrics=progress_metrics,
         )  # fmt: skip
     except BaseException:
         assert store.owner is not None

@@ -171,6 +171,8 @@ def _status(
             state={
                 "path": state,
                 "rows": _int_or_none(commit.state_rows),
+                "provider": commit.state_provider,
+                "memory_bytes": _int_or_none(commit.state_bytes),
                 "bytes": sum(size for _path, size, _mtime in listed),
                 "files": len(listed),
             },

@@ -12,9 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..rules import format_duration
+from .resident import format_bytes
 from .status import listable, rule_names
 
 __all__ = ["render_status"]
+
+#: Who holds the state, for a reader (:attr:`~.resident.ResidentState.provider`).
+_PROVIDERS = {"driver": "the driver", "spark": "Spark (whole through each micro-batch)"}
 
 
 def _when(ms: int | None) -> str:
@@ -22,13 +26,6 @@ def _when(ms: int | None) -> str:
         return "unknown"
     stamp = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
     return stamp.replace("+00:00", "Z")
-
-
-def _size(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n} B"
 
 
 def render_status(status: Mapping[str, Any]) -> str:
@@ -78,7 +75,11 @@ def render_status(status: Mapping[str, Any]) -> str:
              "the watermark)")  # fmt: skip
         state = status["state"]
         rows = "unknown" if state["rows"] is None else f"{state['rows']:,}"
-        line("state", f"{rows} rows, {_size(state['bytes'])} in {state['files']} file(s)")
+        line("state", f"{rows} rows, {format_bytes(state['bytes'])} in {state['files']} file(s)")
+        if state.get("provider") is not None:
+            memory = state.get("memory_bytes")
+            taken = "" if memory is None else f", {format_bytes(memory)} of its memory"
+            line("state held by", f"{_PROVIDERS.get(state['provider'], state['provider'])}{taken}")
     files = status["files"]
     source = {"tickwheel": "tickwheel's file log", "spark": "Spark's file source log"}
     taken = (
@@ -88,7 +89,7 @@ def render_status(status: Mapping[str, Any]) -> str:
     )
     line("files", taken)
     if files["waiting"] is not None:
-        size = _size(files["waiting_bytes"])
+        size = format_bytes(files["waiting_bytes"])
         waiting = f"{files['waiting']:,} file(s) ({size}) in {files['input']}"
     elif files["input"] is None:
         waiting = "unknown (no input recorded: give --input)"

@@ -137,7 +137,10 @@ class Commit:
     before format 3: the state is in ``state/N/`` itself); ``state`` says how
     the state is held (None before format 4: whole); ``sink`` is where the
     outputs are and what the sink staged (before format 3: None); ``rules`` the
-    rules it ran with (before format 2: None). ``stamp`` and
+    rules it ran with (before format 2: None). ``state_provider`` says who held the
+    state the commit left, ``"driver"`` or ``"spark"``, and ``state_bytes`` the
+    driver's memory it took there, measured (None: held by Spark, or an older
+    release's commit). ``stamp`` and
     ``committed_at_ms`` are set by the store as it commits
     (:meth:`~.commits.StateStore.commit`).
     """
@@ -157,6 +160,8 @@ class Commit:
     warnings: tuple[str, ...] = ()
     attempt: str | None = None
     state_rows: int | None = None
+    state_provider: str | None = None
+    state_bytes: int | None = None
     state: StateEntry | None = None
     sink: Mapping[str, Any] | None = None
     stamp: Stamp = field(default_factory=Stamp)
@@ -205,6 +210,8 @@ class Commit:
             warnings=tuple(data.get("warnings") or ()),
             attempt=data.get("attempt"),
             state_rows=data.get("state_rows"),
+            state_provider=data.get("state_provider"),
+            state_bytes=data.get("state_bytes"),
             state=None if state is None else StateEntry.from_json(state),
             sink=data.get("sink"),
             stamp=Stamp.from_json(data),
@@ -229,6 +236,8 @@ class Commit:
             "warnings": list(self.warnings),
             "attempt": self.attempt,
             "state_rows": self.state_rows,
+            "state_provider": self.state_provider,
+            "state_bytes": self.state_bytes,
             "state": None if self.state is None else self.state.to_json(),
             "sink": None if self.sink is None else dict(self.sink),
             **self.stamp.to_json(),
