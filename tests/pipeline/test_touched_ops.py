@@ -438,3 +438,66 @@ def test_a_restart_rebuilds_the_state_where_the_bound_then_says(
     assert [by for by, _nbytes in held] == ["spark", "driver", "spark"]
     assert held[1][1] is not None and held[1][1] > 1
     assert not [r for r in caplog.records if "Spark holds it from now on" in r.getMessage()]
+
+
+@pytest.mark.spark
+@pytest.mark.connect
+def test_start_stream_moves_a_state_past_its_bound_to_spark_on_either_session_kind(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``start_stream(driver_state_bytes=)`` over files, one a micro-batch: with no bound the
+    driver holds every state; with a bound the state passes after its second
+    micro-batch, the commits say Spark holds it from the third on. The outputs are
+    the reference's both ways, and so are the last states."""
+    import json
+
+    from stream_support import compare_with_reference, feed, write_rules
+
+    from support.reference import iter_input_lines, run_reference
+    from tickwheel.pipeline.generate import generate_orders
+    from tickwheel.pipeline.rules import load_rules
+    from tickwheel.pipeline.stream.changelog import committed_tables
+    from tickwheel.pipeline.stream.checkpoint import Commit, take_checkpoint
+    from tickwheel.pipeline.stream.start import read_stream_outputs, start_stream
+
+    gen = tmp_path / "gen"
+    generate_orders(200, gen, seed=5, files=4)
+    files = sorted(gen.glob("part-*.jsonl"))
+    rules = write_rules(tmp_path / "rules.toml")
+    reference = run_reference(iter_input_lines(gen), load_rules(rules))
+
+    def run(name: str, bound: int | None) -> tuple[list[Commit], Counter[tuple[Any, ...]]]:
+        work = tmp_path / name
+        feed(files, work / "in", len(files))
+        records = spark.readStream.option("maxFilesPerTrigger", 1).text(str(work / "in"))
+        query = start_stream(
+            records, rules, output=str(work / "out"), checkpoint=str(work / "ck"),
+            trigger="available-now", partitions=2, driver_state_bytes=bound,
+        )  # fmt: skip
+        assert query.awaitTermination(300), "the stream did not end in 300 s"
+        assert query.exception() is None
+        compare_with_reference(
+            read_stream_outputs(spark, str(work / "out"), str(work / "ck")), reference
+        )
+        made = [
+            json.loads(p.read_text()) for p in (work / "ck" / "tickwheel" / "commits").glob("*")
+        ]
+        commits = sorted((Commit.from_json(m) for m in made if not m.get("fence")),
+                         key=lambda c: c.batch_id)  # fmt: skip
+        store = take_checkpoint(str(work / "ck"))
+        try:
+            last = committed_tables(store, commits[-1].batch_id, commits[-1])["ops"]
+        finally:
+            assert store.owner is not None
+            store.owner.release()
+        return commits, _multiset(last.select(list(OPS)))
+
+    unbounded, last_unbounded = run("unbounded", None)
+    assert [c.batch_id for c in unbounded] == list(range(len(files)))
+    assert all(c.state_provider == "driver" and c.state_bytes for c in unbounded)
+    first, second = (c.state_bytes or 0 for c in unbounded[:2])
+    assert first < second  # so the state passes a bound of `first` after the second batch
+    bounded, last_bounded = run("bounded", first)
+    providers = [(c.state_provider, c.state_bytes) for c in bounded]
+    assert providers == [("driver", first), ("driver", second), ("spark", None), ("spark", None)]
+    assert last_bounded == last_unbounded
