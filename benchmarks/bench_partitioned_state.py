@@ -330,7 +330,7 @@ def run_state_store(
 # -- the run ------------------------------------------------------------------------------
 
 
-def _session(stack: contextlib.ExitStack, cluster: bool, partitions: int) -> tuple[Any, Path]:
+def _session(stack: contextlib.ExitStack, cluster: bool) -> tuple[Any, Path]:
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"micro-batches of {args.records:,} records (half payments of pending keys) on "
           f"{where}; medians of micro-batches 2 to {args.batches}, seconds")  # fmt: skip
     with contextlib.ExitStack() as stack:
-        spark, base = _session(stack, args.cluster, args.partitions)
+        spark, base = _session(stack, args.cluster)
         rows = []
         for pending in [int(n) for n in args.pending]:
             batches = workload(pending, args.batches, args.records)

@@ -31,6 +31,7 @@ from tickwheel.pipeline.stream.changelog import (  # noqa: E402
 from tickwheel.pipeline.stream.checkpoint import Attempt, Commit, StateEntry, StateStore  # noqa: E402
 from tickwheel.pipeline.stream.resident import (  # noqa: E402
     DRIVER_STATE_BYTES_ENV,
+    UNMEASURED_ROW_BYTES,
     HeldState,
     default_driver_state_bytes,
     driver_state_bytes,
@@ -360,3 +361,12 @@ def test_a_driver_held_state_measures_its_bytes_and_one_spark_holds_has_none() -
     assert state.nbytes == events.nbytes + ops.nbytes > events.nbytes
     by_spark = ResidentState(3, "t", rows=102, base=0, changelogs=3, frames={})
     assert by_spark.provider == "spark" and by_spark.nbytes is None
+
+
+def test_a_state_fits_the_driver_by_its_measured_bytes_else_by_its_rows() -> None:
+    held = HeldState(state_bytes=1000)
+    assert held.fits_driver(1000) and not held.fits_driver(1001)
+    assert held.fits_driver(rows=1000 // UNMEASURED_ROW_BYTES)
+    assert not held.fits_driver(rows=1000 // UNMEASURED_ROW_BYTES + 1)
+    assert held.fits_driver(10, rows=10**9)  # measured bytes win over the rows' estimate
+    assert not held.fits_driver()  # nothing known: not in the driver

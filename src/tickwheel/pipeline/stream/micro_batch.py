@@ -23,7 +23,6 @@ from .evolution import StateAdjustment, rules_record
 from .ops_index import OpsIndex
 from .resident import (
     DRIVER_STATE_BYTES_ENV,
-    UNMEASURED_ROW_BYTES,
     HeldState,
     ResidentState,
     format_bytes,
@@ -183,29 +182,20 @@ class MicroBatch:
         """The state ``previous`` left: the one held when it is that commit's, never
         another (a takeover, a fenced attempt, a replay), else rebuilt and held from
         now on: in the driver, its operations indexed, when it fits the driver's
-        bound (:meth:`_rebuild_in_driver`); else by Spark. A state the driver holds
-        past its bound moves to Spark first (:meth:`_move_to_spark`)."""
+        bound by the bytes last measured (or its rows, for a state the driver never
+        held: :meth:`~.resident.HeldState.fits_driver`); else by Spark. A state the
+        driver holds past its bound moves to Spark first (:meth:`_move_to_spark`)."""
         state = self.held.take_for(previous, self.batch_id)
         if state is None:
-            in_driver = self._rebuild_in_driver(previous)
+            in_driver = self.held.fits_driver(previous.state_bytes, previous.state_rows)
             state = rebuild(self.store, self.spark, previous, self._schemas(), in_driver)
             state = state.indexed(self.rules.names, self.rules.input.retention_ms)
             self.held.hold(state)
-        nbytes, bound = state.nbytes, self.held.driver_state_bytes
-        if nbytes is not None and nbytes > bound:
+        nbytes = state.nbytes
+        if nbytes is not None and not self.held.fits_driver(nbytes):
             state = self._move_to_spark(state, nbytes)
         self.carried = state
         return state
-
-    def _rebuild_in_driver(self, previous: Commit) -> bool:
-        """Whether the state ``previous`` left is rebuilt in the driver: its bytes as the
-        driver last measured them, or, for a state the driver never held (or an
-        older release's commit), its rows at
-        :data:`~.resident.UNMEASURED_ROW_BYTES` each, within the bound. O(1)."""
-        measured = previous.state_bytes
-        if measured is None and previous.state_rows is not None:
-            measured = previous.state_rows * UNMEASURED_ROW_BYTES
-        return measured is not None and measured <= self.held.driver_state_bytes
 
     def _move_to_spark(self, state: ResidentState, nbytes: int) -> ResidentState:
         """``state``, held by the driver past its bound, held by Spark from now on, and
@@ -370,7 +360,7 @@ class MicroBatch:
         if carried is not None:
             by_spark = carried.frames is not None
         else:  # the first state: the driver holds it unless its rows say it is too big
-            by_spark = step.counts().kept * UNMEASURED_ROW_BYTES > self.held.driver_state_bytes
+            by_spark = not self.held.fits_driver(rows=step.counts().kept)
         tables = step.tables(["events", "ops_rows"])
         if by_spark:
             events, ops_rows = (as_frame(self.spark, tables[n]) for n in ("events", "ops_rows"))

@@ -258,6 +258,14 @@ class HeldState:
         #: expected to (:attr:`~..spark.step.StepOptions.expect_driver`).
         self.records_fit_driver = False
 
+    def fits_driver(self, nbytes: int | None = None, rows: int | None = None) -> bool:
+        """Whether a state fits the driver's bound: its ``nbytes`` as measured, or, for one
+        never measured, its ``rows`` at :data:`UNMEASURED_ROW_BYTES` each (neither
+        known: it does not). O(1)."""
+        if nbytes is None and rows is not None:
+            nbytes = rows * UNMEASURED_ROW_BYTES
+        return nbytes is not None and nbytes <= self.driver_state_bytes
+
     def __getstate__(self) -> dict[str, Any]:
         """A copy in another process holds nothing. O(1)."""
         return {**self.__dict__, "state": None}
