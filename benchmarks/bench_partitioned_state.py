@@ -8,26 +8,23 @@ micro-batches of ``--records`` records, half of them payments of random pending 
 (each removes its key's operation) and half new keys (each adds one). Nothing falls due.
 Each way is timed per micro-batch, the median of the micro-batches after the first:
 
-- ``embedded``: design (a). The operations live in one RocksDB store (``rocksdict``)
-  per key partition, ``--partitions`` P of them by
-  :func:`~tickwheel.pipeline.stream.ops_index.key_hashes`, on the executor that
-  loaded it: a key space by key and one by deadline (big-endian, so a scan from the
-  start finds what is due). A micro-batch routes its touches in the driver and runs one
-  Spark job of P tasks. Each task opens its partition's store, checks the version it
-  holds against the one the driver says was committed (the lineage check: a miss
-  would restore from the checkpoint; here it is counted), applies the touches in one
-  write batch, scans what is due, and returns its changes. Tasks stay on the executor
-  of their store because the job zips a cached anchor RDD of P one-element
-  partitions, whose blocks Spark prefers to read where they are.
-- ``floor``: the same job with tasks that do nothing: what any design that visits the
-  partitions on the executors once a micro-batch pays.
+- ``embedded``: design (a), as built: the stream's partitioned provider
+  (:class:`~tickwheel.pipeline.stream.state.partitioned.PartitionedOps`). The N
+  operations are made by Spark and loaded into one RocksDB store per key
+  partition (as many as Spark's default parallelism) on the executors; each
+  micro-batch takes the touched rows (one Spark job over the anchor, whose tasks
+  apply the last commit's changes first), puts back the kept and new ones and
+  commits them, as a micro-batch of the stream does.
+- ``floor``: the same job with nothing to apply or take (a watermark nothing is
+  due at, no keys): what any design that visits the partitions on the executors
+  once a micro-batch pays.
 - ``state store``: design (b). Spark's own state store: a ``transformWithStateInPandas``
   query grouped by key-hash bucket (``--buckets``), a ``MapState`` of the bucket's
   operations read and written per touched key, the RocksDB provider with changelog
   checkpointing and as many shuffle partitions as the cluster has cores, as Spark's
   documentation advises. Timed by Spark's own ``triggerExecution``.
 - ``driver index``: the driver provider on the same touches, in this process: the
-  touched operations taken out of an :class:`~tickwheel.pipeline.stream.ops_index.OpsIndex`
+  touched operations taken out of an :class:`~tickwheel.pipeline.stream.state.ops_index.OpsIndex`
   of N rows and the kept and new ones added back.
 
 ``--cluster`` runs on a throw-away standalone cluster of two workers, one core each
@@ -43,7 +40,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -58,8 +54,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 DAY_MS = 86_400_000
 T0 = 1_700_000_000_000
 DEADLINE = T0 + 30 * DAY_MS
-#: Keys a load task generates and writes at a time (bounds its memory).
-LOAD_CHUNK = 200_000
 
 
 @dataclass
@@ -85,131 +79,82 @@ def workload(pending: int, batches: int, records: int, seed: int = 1) -> list[Ba
     return out
 
 
-def partitions_of(keys: list[str], partitions: int) -> Any:
-    """Each key's partition: its 64-bit hash (the driver index's) modulo the partitions."""
+# -- (a) the partitioned provider: an embedded store per partition, on the executors -----
+
+
+def _ops_rows(keys: list[str], deadlines: Any) -> Any:
+    """Pending operations of the rule ``payment``, one per key (Arrow)."""
     import numpy as np
     import pyarrow as pa
 
-    from tickwheel.pipeline.stream.ops_index import key_hashes
+    from tickwheel.pipeline.stream.state.ops_index import ops_schema
 
-    hashes = key_hashes(np.zeros(len(keys), np.int64), pa.array(keys, pa.string()))
-    return (hashes % np.uint64(partitions)).astype(np.int64)
-
-
-# -- (a) an embedded store per partition, on the executors -----------------------------
-
-
-def _open_store(partition: int) -> Any:
-    """This executor's store of ``partition`` (made when missing), in its own files root."""
-    from pyspark import SparkFiles
-    from rocksdict import Options, Rdict
-
-    root = Path(SparkFiles.getRootDirectory()) / "tickwheel-state"
-    root.mkdir(parents=True, exist_ok=True)
-    return Rdict(str(root / f"p{partition}"), Options(raw_mode=True))
+    n = len(keys)
+    return pa.table(
+        [pa.array(["pending"] * n), pa.array(["payment"] * n), pa.array(keys),
+         pa.array(keys), pa.array(np.full(n, T0, np.int64)), pa.array(deadlines, pa.int64())],
+        schema=ops_schema(),
+    )  # fmt: skip
 
 
-def _put(batch: Any, key: bytes, deadline: bytes) -> None:
-    batch.put(b"k" + key, deadline)
-    batch.put(b"d" + deadline + key, b"")
+def _load_frame(spark: Any, pending: int) -> Any:
+    """The N pending operations as a frame Spark makes on the executors (none of it in
+    the driver): keys ``o0`` ..., deadlines 30 days on."""
+    from pyspark.sql import functions as F
+
+    ids = spark.range(pending)
+    key = F.concat(F.lit("o"), F.col("id").cast("string"))
+    return ids.select(
+        F.lit("pending").alias("kind"), F.lit("payment").alias("rule"), key.alias("key"),
+        key.alias("event_id"), F.lit(T0).cast("bigint").alias("time"),
+        (F.lit(DEADLINE) + F.col("id")).cast("bigint").alias("deadline"),
+    )  # fmt: skip
 
 
-def _load_task(rows: Iterator[Any]) -> Iterator[tuple[int, str, int]]:
-    """Write partition p's share of the N pending keys into its store, as version 0."""
-    import numpy as np
-    from rocksdict import WriteBatch
-
-    for partition, (pending, partitions) in rows:
-        store, count = _open_store(partition), 0
-        for start in range(0, pending, LOAD_CHUNK):
-            ids = range(start, min(start + LOAD_CHUNK, pending))
-            keys = [f"o{i}" for i in ids]
-            writes = WriteBatch(raw_mode=True)
-            for i in np.flatnonzero(partitions_of(keys, partitions) == partition).tolist():
-                _put(writes, keys[i].encode(), (DEADLINE + start + i).to_bytes(8, "big"))
-                count += 1
-            store.write(writes)
-        store[b"meta:version"] = (0).to_bytes(8, "big")
-        store.close()
-        yield partition, socket.gethostname(), count
+def _restore_nothing(tag: str) -> Any:
+    raise SystemExit(f"the provider missed its stores at {tag}: no checkpoint in this benchmark")
 
 
-def _batch_task(rows: Iterator[Any]) -> Iterator[tuple[int, str, bool, int, int]]:
-    """Apply one micro-batch's touches of partition p to its store: (p, host, whether it
-    held the committed version, operations removed, operations due)."""
-    from rocksdict import WriteBatch
+def run_provider(spark: Any, pending: int, batches: list[Batch]) -> dict[str, Any]:
+    """Design (a) as built (:class:`~tickwheel.pipeline.stream.state.partitioned.PartitionedOps`):
+    per micro-batch, the touched rows taken (one job), the kept and new ones put back,
+    committed; and the floor of one job over the same anchor."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    for partition, (committed, batch_id, pays, news, watermark) in rows:
-        store = _open_store(partition)
-        version = store.get(b"meta:version")
-        held = version is not None and int.from_bytes(version, "big") == committed
-        writes, removed = WriteBatch(raw_mode=True), 0
-        found = store.get([b"k" + key.encode() for key in pays]) if pays else []
-        for key, deadline in zip(pays, found, strict=True):
-            if deadline is not None:
-                writes.delete(b"k" + key.encode())
-                writes.delete(b"d" + deadline + key.encode())
-                removed += 1
-        for key in news:
-            _put(writes, key.encode(), DEADLINE.to_bytes(8, "big"))
-        due, scan = 0, store.iter()
-        scan.seek(b"d")
-        limit = b"d" + watermark.to_bytes(8, "big")
-        while scan.valid() and scan.key() < limit:
-            due += 1
-            scan.next()
-        del scan
-        writes.put(b"meta:version", batch_id.to_bytes(8, "big"))
-        store.write(writes)
-        store.close()
-        yield partition, socket.gethostname(), held, removed, due
-
-
-def _nothing(rows: Iterator[Any]) -> Iterator[int]:
-    for partition, _payload in rows:
-        yield partition
-
-
-def run_embedded(spark: Any, pending: int, batches: list[Batch], partitions: int) -> dict[str, Any]:
-    """Design (a) and the floor of its one job per micro-batch."""
-    import numpy as np
-
-    sc = spark.sparkContext
-    anchor = sc.parallelize(range(partitions), partitions).cache()
-
-    def job(payloads: list[Any], task: Any) -> list[Any]:
-        pairs = anchor.zip(sc.parallelize(payloads, partitions))
-        return list(pairs.mapPartitions(task).collect())
+    from tickwheel.pipeline.stream.state.partitioned import PartitionedOps
 
     started = time.perf_counter()
-    loaded = job([(pending, partitions)] * partitions, _load_task)
+    provider = PartitionedOps.load(
+        spark, _load_frame(spark, pending), "0:load", ["payment"], None, _restore_nothing,
+        "bench",
+    )  # fmt: skip
     load_s = time.perf_counter() - started
-    if sum(count for *_p, count in loaded) != pending:
-        raise SystemExit(f"embedded: the load wrote {loaded}, not {pending} keys")
-    homes = {partition: host for partition, host, _count in loaded}
-    steady, floors, held, moved = [], [], 0, 0
+    if provider.rows != pending:
+        raise SystemExit(f"provider: loaded {provider.rows} rows, not {pending}")
+    steady, floors, local = [], [], []
     for batch_id, batch in enumerate(batches, start=1):
-        pay_parts = partitions_of(batch.pays, partitions)
-        new_parts = partitions_of(batch.news, partitions)
-        payloads = [
-            (batch_id - 1, batch_id,
-             [batch.pays[i] for i in np.flatnonzero(pay_parts == p)],
-             [batch.news[i] for i in np.flatnonzero(new_parts == p)], batch.watermark)
-            for p in range(partitions)
-        ]  # fmt: skip
         started = time.perf_counter()
-        out = job(payloads, _batch_task)
+        touched = pa.array(batch.pays + batch.news, pa.string())
+        taken = provider.take_touched({"payment": touched}, batch.watermark)
+        if taken.num_rows != len(batch.pays):
+            raise SystemExit(f"provider: batch {batch_id} took {taken.num_rows} rows")
+        kept = taken.filter(pc.invert(pc.is_in(taken["key"], pa.array(batch.pays))))
+        made = pa.concat_tables([kept, _ops_rows(batch.news, [DEADLINE] * len(batch.news))])
+        provider.put_back(made, taken, f"{batch_id}:a")
+        provider.committed()
         steady.append(time.perf_counter() - started)
-        if sum(removed for *_x, removed, _due in out) != len(batch.pays):
-            raise SystemExit(f"embedded: batch {batch_id} removed {out}")
-        held += sum(1 for _p, _h, was_held, *_r in out if was_held)
-        moved += sum(1 for p, host, *_r in out if host != homes[p])
+        local.append(provider.local_share)
         started = time.perf_counter()
-        job(payloads, _nothing)
+        provider.take_touched({}, T0)  # the same job, with nothing to apply or take
         floors.append(time.perf_counter() - started)
-    anchor.unpersist()
-    return {"load": load_s, "steady": steady, "floor": floors,
-            "held": held, "tasks": partitions * len(batches), "moved": moved}  # fmt: skip
+    expected = pending + sum(len(b.news) - len(b.pays) for b in batches)
+    if provider.rows != expected:
+        raise SystemExit(f"provider: {provider.rows} rows at the end, not {expected}")
+    partitions = provider.partitions
+    provider.release()
+    return {"load": load_s, "steady": steady, "floor": floors, "partitions": partitions,
+            "local": min(x for x in local if x is not None)}  # fmt: skip
 
 
 # -- the driver provider, on the same touches -------------------------------------------
@@ -221,18 +166,10 @@ def run_driver_index(pending: int, batches: list[Batch]) -> list[float]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from tickwheel.pipeline.stream.ops_index import OpsIndex, ops_schema
-
-    def rows(keys: list[str], deadlines: Any) -> Any:
-        n = len(keys)
-        return pa.table(
-            [pa.array(["pending"] * n), pa.array(["payment"] * n), pa.array(keys),
-             pa.array(keys), pa.array(np.full(n, T0, np.int64)), pa.array(deadlines, pa.int64())],
-            schema=ops_schema(),
-        )  # fmt: skip
+    from tickwheel.pipeline.stream.state.ops_index import OpsIndex
 
     keys = [f"o{i}" for i in range(pending)]
-    index = OpsIndex(["payment"], None, rows(keys, DEADLINE + np.arange(pending)))
+    index = OpsIndex(["payment"], None, _ops_rows(keys, DEADLINE + np.arange(pending)))
     del keys
     times = []
     for batch in batches:
@@ -242,7 +179,7 @@ def run_driver_index(pending: int, batches: list[Batch]) -> list[float]:
         if taken.num_rows != len(batch.pays):
             raise SystemExit(f"driver index: took {taken.num_rows} rows")
         kept = taken.filter(pc.invert(pc.is_in(taken["key"], pa.array(batch.pays))))
-        index.add(pa.concat_tables([kept, rows(batch.news, [DEADLINE] * len(batch.news))]))
+        index.add(pa.concat_tables([kept, _ops_rows(batch.news, [DEADLINE] * len(batch.news))]))
         times.append(time.perf_counter() - started)
     return times
 
@@ -370,7 +307,6 @@ def _median(values: list[float]) -> float | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pending", type=float, nargs="+", default=[1e4, 1e6])
-    parser.add_argument("--partitions", type=int, default=2, help="design (a)'s partitions")
     parser.add_argument("--buckets", type=int, default=64, help="design (b)'s key buckets")
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--records", type=int, default=1_000)
@@ -380,8 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="design (b)'s query at one size, at most (s)")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.partitions < 1 or args.buckets < 1 or args.batches < 2 or args.records < 2:
-        parser.error("--partitions and --buckets >= 1, --batches >= 2, --records >= 2")
+    if args.buckets < 1 or args.batches < 2 or args.records < 2:
+        parser.error("--buckets >= 1, --batches >= 2, --records >= 2")
     where = "a standalone cluster of 2 workers, 1 core each" if args.cluster else "local[2]"
     print(f"micro-batches of {args.records:,} records (half payments of pending keys) on "
           f"{where}; medians of micro-batches 2 to {args.batches}, seconds")  # fmt: skip
@@ -393,11 +329,11 @@ def main(argv: list[str] | None = None) -> None:
             row: dict[str, Any] = {"pending": pending}
             row["driver index"] = _median(run_driver_index(pending, batches))
             if "embedded" in args.designs:
-                embedded = run_embedded(spark, pending, batches, args.partitions)
+                embedded = run_provider(spark, pending, batches)
                 row["embedded"] = _median(embedded["steady"])
                 row["floor"] = _median(embedded["floor"])
                 row["embedded load"] = embedded["load"]
-                row["held"] = f"{embedded['held']}/{embedded['tasks']}"
+                row["held"] = f"{embedded['local']:.0%} of {embedded['partitions']}"
             if "state-store" in args.designs:
                 work = base / f"state-store-{pending}"
                 store = run_state_store(spark, pending, batches, args.buckets, work, args.timeout)
@@ -415,7 +351,8 @@ def _line(row: dict[str, Any]) -> str:
     parts = [f"pending {row['pending']:,}", f"driver index {s(row['driver index'])}"]
     if "embedded" in row:
         parts += [f"embedded {s(row['embedded'])} (load {row['embedded load']:.1f}, "
-                  f"committed version held {row['held']})", f"floor {s(row['floor'])}"]  # fmt: skip
+                  f"partitions found local, least {row['held']})",
+                  f"floor {s(row['floor'])}"]  # fmt: skip
     if "state store" in row:
         load = row["state store load"]
         parts.append(f"state store {s(row['state store'])} (load "

@@ -265,9 +265,10 @@ class Outcome:
         return f"{self.run.seconds:.1f} s from start to exit"
 
 
-def run_measured(command: list[str], timeout_s: float) -> tuple[_Run, Memory]:
-    """Run ``command`` (:func:`_run_timed`), sampling its processes' memory meanwhile."""
-    memory, done = Memory(), threading.Event()
+def run_measured(command: list[str], timeout_s: float, memory: Any = None) -> tuple[_Run, Any]:
+    """Run ``command`` (:func:`_run_timed`), sampling its processes' memory meanwhile:
+    into ``memory`` (anything with a ``sample()``; default a :class:`Memory`)."""
+    memory, done = Memory() if memory is None else memory, threading.Event()
 
     def sample() -> None:
         while not done.wait(SAMPLE_S):

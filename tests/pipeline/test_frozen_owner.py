@@ -38,6 +38,7 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import load_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.checkpoint import HEARTBEAT_ENV
+from tickwheel.pipeline.stream.resident import DRIVER_STATE_BYTES_ENV
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.jvm_process]
@@ -115,10 +116,15 @@ def _plain_rows(spark: Any, table: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("provider", ["driver", "partitioned"])
 def test_frozen_owners_that_wake_are_fenced(
-    spark: Any, tmp_path: Path, orders: dict[str, Any]
+    spark: Any, tmp_path: Path, orders: dict[str, Any], provider: str
 ) -> None:
+    """Three owners frozen mid-run, a fourth finishing the stream, the three woken: each
+    is fenced, and the outputs are the reference's, with the state's operations
+    held in the driver or partitioned on the executors (a bound of one byte)."""
     _unshare_or_skip()
+    bound = {DRIVER_STATE_BYTES_ENV: "1"} if provider == "partitioned" else {}
     mount = ViewFs(fresh(tmp_path / "mnt"))
     conf = mount.hadoop_conf_dir(tmp_path / "hadoop-conf")
     kafka_like.create_topic(tmp_path / "topic", 3)
@@ -130,7 +136,7 @@ def test_frozen_owners_that_wake_are_fenced(
             with open(err, "wb") as err_file:
                 job = subprocess.Popen(
                     _command(host, tmp_path, orders["rules"], mount),
-                    env=_env(tmp_path, conf, f"{point}:{batch}:stop"),
+                    env={**_env(tmp_path, conf, f"{point}:{batch}:stop"), **bound},
                     stdout=subprocess.DEVNULL,
                     stderr=err_file,
                     start_new_session=True,  # its own process group, which it stops
@@ -139,7 +145,8 @@ def test_frozen_owners_that_wake_are_fenced(
             _wait_frozen(job, tmp_path / "faults.log", point, batch)
         last = subprocess.run(
             _command("hostD", tmp_path, orders["rules"], mount),
-            env=_env(tmp_path, conf, None), capture_output=True, text=True, timeout=300,
+            env={**_env(tmp_path, conf, None), **bound}, capture_output=True, text=True,
+            timeout=300,
             check=False,
         )  # fmt: skip
         assert last.returncode == 0, last.stderr[-3000:]

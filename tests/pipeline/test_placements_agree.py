@@ -137,7 +137,7 @@ class _Carried:
     """What one placement carries from micro-batch to micro-batch."""
 
     def __init__(self, rules: Rules, in_driver: bool) -> None:
-        from tickwheel.pipeline.stream.ops_index import OpsIndex
+        from tickwheel.pipeline.stream.state.ops_index import OpsIndex
 
         self.rules, self.in_driver = rules, in_driver
         self.watermark: int | None = None
@@ -162,7 +162,7 @@ class _Carried:
         return CarriedState(self.watermark, self.max_time, events, ops, rows)
 
     def whole_ops(self) -> Any:
-        return self.ops.table() if self.in_driver else self.ops_table
+        return self.ops.whole() if self.in_driver else self.ops_table
 
 
 def _micro_batch(

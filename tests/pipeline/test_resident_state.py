@@ -50,6 +50,33 @@ def _table(rows: list[Row]) -> Any:
     )
 
 
+class _TableOps:
+    """A provider of operations (``stream/state``) that holds one Arrow table as it is:
+    what the commits here write of it is its whole, or the changes given beside it."""
+
+    provider = "driver"
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    @property
+    def rows(self) -> int:
+        return int(self.table.num_rows)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes)
+
+    def whole(self) -> Any:
+        return self.table
+
+    def release(self) -> None:
+        pass
+
+
+NO_EVENTS = pa.table({"event_id": pa.array([], pa.string())})
+
+
 def _rows(table: Any) -> list[Row]:
     return sorted(
         zip(*(c.to_pylist() for c in table.columns), strict=True), key=lambda r: (str(r[0]), r[1:])
@@ -143,7 +170,8 @@ def test_a_snapshot_every_k_commits(every: int) -> None:
     for batch_id in range(3 * every + 1):
         entry = next_entry(held, every)
         kinds.append(entry.kind)
-        held, _, _ = next_resident(batch_id, f"a{batch_id}", entry, {"ops": _table([])}, {})
+        ops = _TableOps(_table([]))
+        held, _, _ = next_resident(batch_id, f"a{batch_id}", entry, NO_EVENTS, {}, ops)  # type: ignore[arg-type]
         assert held.changelogs < every
     expected = ["snapshot" if b % every == 0 else "changelog" for b in range(3 * every + 1)]
     assert kinds == expected
@@ -167,7 +195,12 @@ class _Model:
         added, removed = _changes(self.rows, rows)
         changes = {"ops.added": added, "ops.removed": removed}
         state, entry, out = next_resident(
-            self.batch_id, attempt.tag, entry, {"ops": _table(rows)}, changes
+            self.batch_id,
+            attempt.tag,
+            entry,
+            NO_EVENTS,
+            changes,
+            _TableOps(_table(rows)),  # type: ignore[arg-type]
         )
         write_tables(store, store.attempt_path(self.batch_id, attempt), out)
         record = store.commit(
@@ -213,9 +246,10 @@ def test_the_state_and_the_checkpoint_stay_bounded_over_300_batches_with_retenti
         sizes.append(len(model.rows))
         files.append(sum(1 for _ in state_dir.rglob("*.parquet")))
     assert max(sizes[30:]) == max(sizes[20:30]) == 60
-    # At most the chains of the last two commits: a snapshot, K - 1 changelogs of two
-    # files (rows added, rows removed), and the snapshot before: 2K files.
-    assert max(files) <= 2 * 10, files
+    # At most the chains of the last two commits: a snapshot, K - 1 changelogs of three
+    # files (rows added, rows removed, the events whole), and the snapshot before (two
+    # files, events and operations): 3K + 1 files.
+    assert max(files) <= 3 * 10 + 1, files
 
 
 def test_a_snapshot_written_at_the_end_is_where_a_rebuild_starts(tmp_path: Path) -> None:
@@ -347,9 +381,9 @@ def test_the_command_line_refuses_a_bad_bound_before_it_takes_the_checkpoint(
     assert not ck.exists()
 
 
-def test_a_driver_held_state_measures_its_bytes_and_one_spark_holds_has_none() -> None:
-    from tickwheel.pipeline.stream.ops_index import OpsIndex, ops_schema
+def test_a_driver_held_state_measures_its_bytes() -> None:
     from tickwheel.pipeline.stream.resident import ResidentState
+    from tickwheel.pipeline.stream.state.ops_index import OpsIndex, ops_schema
 
     events = pa.table({"event_id": ["a", "b"], "time": [1, 2]})
     rows = [{"kind": "pending", "rule": "r", "key": f"k{i}", "event_id": f"e{i}", "time": i,
@@ -359,8 +393,6 @@ def test_a_driver_held_state_measures_its_bytes_and_one_spark_holds_has_none() -
     state = ResidentState(3, "t", rows=102, base=0, changelogs=3, tables=tables, ops=ops)
     assert state.provider == "driver"
     assert state.nbytes == events.nbytes + ops.nbytes > events.nbytes
-    by_spark = ResidentState(3, "t", rows=102, base=0, changelogs=3, frames={})
-    assert by_spark.provider == "spark" and by_spark.nbytes is None
 
 
 def test_a_state_fits_the_driver_by_its_measured_bytes_else_by_its_rows() -> None:

@@ -251,15 +251,30 @@ def _text_dir(tmp: Path, lines: list[str]) -> Path:
     return directory
 
 
-def test_a_removed_rule_without_pending_operations_applies(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("provider", ["driver", "partitioned"])
+def test_a_removed_rule_without_pending_operations_applies(
+    spark: Any, tmp_path: Path, provider: str
+) -> None:
     """Shipping removed when none of its operations is pending: its expiry marker, kept for
-    the retention, is dropped from the state."""
+    the retention, is dropped from the state, whether the driver holds its operations
+    or they are partitioned on the executors (a bound of one byte)."""
+    from tickwheel.pipeline.storage import LocalStorage
+    from tickwheel.pipeline.stream.changelog import committed_tables
+    from tickwheel.pipeline.stream.checkpoint import StateStore
+
+    bound = {"driver_state_bytes": 1} if provider == "partitioned" else {}
     stream = Stream(spark, tmp_path)
     stream.add(event("a1", "created", "A", 0), event("a2", "paid", "A", 1),
                event("z", "created", "Z", 100))  # fmt: skip
-    stream.run(rules_text(shipping=True))
+    stream.run(rules_text(shipping=True), **bound)
+    store = StateStore(str(tmp_path / "ck" / "tickwheel"), LocalStorage())
+    before = committed_tables(store, 0)["ops"]
+    assert "shipping" in before["rule"].to_pylist()  # A's shipping expiry marker
     stream.add(event("b1", "created", "B", 101))
-    assert stream.run(rules_text())["batches_run"] == 1
+    assert stream.run(rules_text(), **bound)["batches_run"] == 1
+    last = store.read_commit(1)
+    assert last.state_provider == provider
+    assert "shipping" not in committed_tables(store, 1, last)["ops"]["rule"].to_pylist()
 
 
 @pytest.mark.jvm_process

@@ -39,7 +39,7 @@ from tickwheel.pipeline.generate import generate_orders
 from tickwheel.pipeline.rules import Rules, load_rules, parse_rules
 from tickwheel.pipeline.sinks import ParquetSink
 from tickwheel.pipeline.stream.checkpoint import FAULT_POINTS
-from tickwheel.pipeline.stream.resident import SNAPSHOT_EVERY_ENV
+from tickwheel.pipeline.stream.resident import DRIVER_STATE_BYTES_ENV, SNAPSHOT_EVERY_ENV
 from tickwheel.pipeline.stream.start import read_stream_outputs
 
 pytestmark = pytest.mark.spark
@@ -340,7 +340,7 @@ def _job_storage(tmp: Path) -> _Storage:
 
 
 def _job(
-    tmp: Path, rules: Path, fault: str | None, where: _Storage
+    tmp: Path, rules: Path, fault: str | None, where: _Storage, provider: str = "driver"
 ) -> subprocess.CompletedProcess[str]:
     """The Kafka-like topic's job, in an empty working directory; a killed run's fault
     message is at the end of its standard error, and of ``TMP/faults.log``
@@ -354,6 +354,8 @@ def _job(
     # A snapshot every second commit: of the kills, those at batches 1 and 3 hit a
     # commit of the state's changelog, those at 2 and 4 one of the whole state.
     env = {**subprocess_env(fault), **where.env, SNAPSHOT_EVERY_ENV: "2"}
+    if provider == "partitioned":  # past the driver's bound from the first state
+        env[DRIVER_STATE_BYTES_ENV] = "1"
     env["TICKWHEEL_FAULT_LOG"] = str(tmp / "faults.log")
     cwd = tmp / "cwd"
     cwd.mkdir(exist_ok=True)
@@ -387,14 +389,17 @@ def _only_published_batches(spark: Any, where: _Storage) -> None:
 
 @pytest.mark.jvm_process
 @pytest.mark.slow
-@pytest.mark.connect
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize("provider", [pytest.param("driver", marks=pytest.mark.connect),
+                                      "partitioned"])  # fmt: skip
 def test_kafka_like_topic_killed_at_every_fault_point(
-    spark: Any, tmp_path: Path, orders: dict[str, Any]
+    spark: Any, tmp_path: Path, orders: dict[str, Any], provider: str
 ) -> None:
     """SIGKILL at each fault point (under Connect, at one), records appended between runs:
     nothing lost or doubled; after each kill, before the restart, a plain
-    ``spark.read.parquet`` of each table reads only published batches, once.
+    ``spark.read.parquet`` of each table reads only published batches, once. The
+    state's operations are held in the driver, or partitioned on the executors (a
+    bound of one byte; classic sessions only).
 
     On a classic session the output and checkpoint are at ``viewfs://`` URIs,
     and no visible file there is ever overwritten or renamed; nothing is
@@ -412,7 +417,7 @@ def test_kafka_like_topic_killed_at_every_fault_point(
         for i, (point, batch) in enumerate(kills):
             if i == len(kills) // 2:  # the producer goes on while the job is down
                 kafka_like.append(topic, halves[1])
-            proc = _job(tmp_path, orders["rules"], f"{point}:{batch}", where)
+            proc = _job(tmp_path, orders["rules"], f"{point}:{batch}", where, provider)
             if connect_run():  # the process that runs foreachBatch died: the query fails
                 assert proc.returncode != 0, (point, batch, proc.stderr[-3000:])
             else:
@@ -421,7 +426,7 @@ def test_kafka_like_topic_killed_at_every_fault_point(
             faults = (tmp_path / "faults.log").read_text(encoding="utf-8").splitlines()
             assert faults[-1].endswith(f"SIGKILL at {point} of batch {batch}"), faults
             _only_published_batches(spark, where)  # before any restart
-        proc = _job(tmp_path, orders["rules"], None, where)
+        proc = _job(tmp_path, orders["rules"], None, where, provider)
         assert proc.returncode == 0, proc.stderr[-3000:]
         sink = ParquetSink(str(where.local / "out"))
         committed = sink.committed_batches()

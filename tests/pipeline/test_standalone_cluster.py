@@ -181,10 +181,14 @@ def wait_until(ready: Any, timeout: float, what: str, driver: Driver) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("provider", ["driver", "partitioned"])
 def test_stream_survives_a_driver_kill_and_a_lost_worker(
-    spark: Any, cluster: StandaloneCluster
+    spark: Any, cluster: StandaloneCluster, provider: str
 ) -> None:
-    """Driver SIGKILLed mid-batch, rerun, worker 2 lost mid-run: the reference's outputs."""
+    """Driver SIGKILLed mid-batch, rerun, worker 2 lost mid-run: the reference's outputs.
+    With the state's operations partitioned on the executors (a bound of one byte),
+    the stores worker 2 held are lost with it: the rerun loads them again from the
+    checkpoint onto worker 1, and the outcomes are the same."""
     base = cluster.base
     gen = base / "gen"
     generate_orders(300, gen, seed=23, files=INCREMENTS)
@@ -213,6 +217,8 @@ def test_stream_survives_a_driver_kill_and_a_lost_worker(
         "--master", cluster.master_url,
         "--driver-memory", "1g",
     ]  # fmt: skip
+    if provider == "partitioned":
+        args += ["--driver-state-bytes", "1"]
     drivers: list[Driver] = []
     try:
         # 1. the driver dies mid-batch 1
@@ -243,6 +249,8 @@ def test_stream_survives_a_driver_kill_and_a_lost_worker(
         )
         assert second.wait() == 0, second.output()
         assert second.process.returncode == 0
+        if provider == "partitioned":  # worker 2's stores went with it
+            assert "loaded again" in second.stderr(), second.output()
     finally:
         for driver in drivers:
             driver.kill()

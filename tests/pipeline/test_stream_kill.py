@@ -121,8 +121,10 @@ def _kill_and_restart(
     return tmp, ref, [*runs, proc]
 
 
-def test_kill_and_restart_parquet_sink(spark: Any, tmp_path: Path) -> None:
-    """Two SIGKILLs, then a clean run: exactly the uninterrupted outputs.
+@pytest.mark.parametrize("provider", ["driver", "partitioned"])
+def test_kill_and_restart_parquet_sink(spark: Any, tmp_path: Path, provider: str) -> None:
+    """Two SIGKILLs, then a clean run: exactly the uninterrupted outputs, with the state's
+    operations in the driver or partitioned on the executors (a bound of one byte).
 
     Killed after the checkpoint committed batch 3 and before the sink
     published it, ``read_stream_outputs``, given the checkpoint alone, reads
@@ -144,7 +146,10 @@ def test_kill_and_restart_parquet_sink(spark: Any, tmp_path: Path) -> None:
         outs = read_stream_outputs(spark, checkpoint=str(tmp_path / "ck"))
         compare_with_reference(outs, before)
 
-    tmp, ref, runs = _kill_and_restart(tmp_path, ["--sink", "parquet"], PARQUET_KILLS, after_kill)
+    extra = ["--sink", "parquet"]
+    if provider == "partitioned":
+        extra += ["--driver-state-bytes", "1"]
+    tmp, ref, runs = _kill_and_restart(tmp_path, extra, PARQUET_KILLS, after_kill)
     rolled = "batch 3: already committed; its outputs published now"
     assert [rolled in run.stdout for run in runs] == [False, True, False]
     sink = ParquetSink(str(tmp / "out"))

@@ -96,7 +96,7 @@ __all__ = [
 
 class CarriedOps(Protocol):
     """Carried operations held where a micro-batch takes in only those it can change
-    (the stream's :class:`~tickwheel.pipeline.stream.ops_index.OpsIndex`)."""
+    (the stream's :class:`~tickwheel.pipeline.stream.state.ops_index.OpsIndex`)."""
 
     def take_touched(self, keys: Mapping[str, pa.Array], watermark: int) -> pa.Table:
         """Take out, and return, the operations (:data:`.outputs.OPS_COLUMNS`) that a

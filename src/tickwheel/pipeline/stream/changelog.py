@@ -5,7 +5,7 @@ a state rebuilt from the last snapshot and the changelogs after it
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..storage import create_json, join
@@ -15,6 +15,8 @@ from .resident import HeldState, ResidentState
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
     from pyspark.sql import DataFrame, SparkSession
+
+    from .state import OpsProvider
 
 __all__ = [
     "SNAPSHOT_MARKER",
@@ -160,20 +162,20 @@ def _replay(
     chain: list[Commit],
     read: Callable[[str, str], Any],
     apply: Callable[[Any, Any, Any], Any],
+    names: Sequence[str] = STATE_TABLES,
 ) -> dict[str, Any]:
-    """The state at the end of ``chain`` (:func:`_chain`): its snapshot's tables, then
+    """The state's tables ``names`` at the end of ``chain`` (:func:`_chain`): its
+    snapshot's tables, then
     each changelog in order, a table it holds whole taken as it is, another's rows
     removed and added (``apply(before, added, removed)``, None for no rows).
     ``read(path, table)`` gives a directory's rows, None when it was not written.
     A table missing from an older format's state is left out."""
     base = store.state_path(chain[0])
-    state = {
-        name: rows for name in STATE_TABLES if (rows := read(join(base, name), name)) is not None
-    }
+    state = {name: rows for name in names if (rows := read(join(base, name), name)) is not None}
     for changed in chain[1:]:
         directory = store.state_path(changed)
         whole = changed.state.whole if changed.state is not None else ()
-        for name in STATE_TABLES:
+        for name in names:
             if name in whole:
                 rows = read(join(directory, name), name)
                 if rows is not None:
@@ -201,8 +203,13 @@ def committed_tables(
     return _tables(store, _chain(store, commit or store.read_commit(batch_id)))
 
 
-def _tables(store: StateStore, chain: list[Commit]) -> dict[str, pa.Table]:
-    return _replay(store, chain, lambda path, _name: _read_table(store, path), apply_table_changes)
+def _tables(
+    store: StateStore, chain: list[Commit], names: Sequence[str] = STATE_TABLES
+) -> dict[str, pa.Table]:
+    def read(path: str, _name: str) -> pa.Table | None:
+        return _read_table(store, path)
+
+    return _replay(store, chain, read, apply_table_changes, names)
 
 
 def _read_table(store: StateStore, directory: str) -> pa.Table | None:
@@ -259,6 +266,7 @@ def _frames(
     spark: SparkSession,
     chain: list[Commit],
     schemas: Mapping[str, str] | None,
+    names: Sequence[str] = STATE_TABLES,
 ) -> dict[str, DataFrame]:
     def read(path: str, name: str) -> DataFrame | None:
         if not store.storage.exists(path):
@@ -270,7 +278,7 @@ def _frames(
         after = before if removed is None else before.exceptAll(removed)
         return after if added is None else after.unionByName(added)
 
-    return _replay(store, chain, read, apply)
+    return _replay(store, chain, read, apply, names)
 
 
 def rebuild(
@@ -278,21 +286,25 @@ def rebuild(
     spark: SparkSession,
     commit: Commit,
     schemas: Mapping[str, str],
-    as_arrow: bool,
+    load_ops: Callable[[DataFrame], OpsProvider] | None = None,
 ) -> ResidentState:
-    """The state ``commit`` left, rebuilt from storage to be held: as Arrow in the
-    driver when ``as_arrow`` (as :func:`committed_tables`, no Spark job), else
-    locally checkpointed by Spark (as :func:`committed_frames`)."""
+    """The state ``commit`` left, rebuilt from storage to be held: as Arrow in the driver
+    (as :func:`committed_tables`, no Spark job), or, given ``load_ops``, the events so
+    and the operations read by Spark (as :func:`committed_frames`) and handed to
+    ``load_ops``, which loads them where they are held from now on."""
     chain = _chain(store, commit)
     base, changelogs = chain[0].batch_id, len(chain) - 1
     state = ResidentState(commit.batch_id, commit.attempt, 0, base, changelogs)
-    if as_arrow:
+    if load_ops is None:
         state.tables = _tables(store, chain)
-        state.rows = sum(t.num_rows for t in state.tables.values())
     else:
-        frames = _frames(store, spark, chain, schemas)
-        state.frames = {name: frame.localCheckpoint(eager=True) for name, frame in frames.items()}
-        state.rows = sum(frame.count() for frame in state.frames.values())
+        state.tables = _tables(store, chain, names=("events",))
+        ops = _frames(store, spark, chain, schemas, names=("ops",)).get("ops")
+        if ops is None:
+            ops = spark.createDataFrame([], schemas["ops"])
+        state.ops = load_ops(ops)
+    state.rows = sum(t.num_rows for t in state.tables.values())
+    state.rows += state.ops.rows if state.ops is not None else 0
     logger.info(
         "batch %d: its state rebuilt from the snapshot of batch %d and %d changelog(s)",
         commit.batch_id, base, changelogs,
@@ -360,12 +372,12 @@ def end_held_state(store: StateStore, held: HeldState, driver_only: bool = False
     """At a job's end: write the state ``held`` as a snapshot
     (:func:`write_shutdown_snapshot`), then let it go. A failure to write is
     logged, not raised: the changelogs hold the state already. With
-    ``driver_only``, a state Spark holds is let go unwritten (from a thread that
-    must not run Spark jobs)."""
+    ``driver_only``, a state whose operations the executors hold is let go
+    unwritten (from a thread that must not run Spark jobs)."""
     state = held.state
     if state is None:
         return
-    if state.tables is not None or not driver_only:
+    if state.provider == "driver" or not driver_only:
         try:
             write_shutdown_snapshot(store, held)
         except Exception as exc:  # the job's outcome stands

@@ -17,18 +17,21 @@ from ..spark.frames import as_arrow, as_frame, from_arrow, sql_name
 from ..spark.outputs import OPS_COLUMNS, split_ops, split_ops_frame
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from ..spark.watermark import RecordCounts
-from .changelog import rebuild, write_tables
-from .checkpoint import Commit, StateEntry, StateStore, fault
+from .changelog import committed_frames, rebuild, write_tables
+from .checkpoint import Commit, StateEntry, StateStore, StreamError, fault
 from .evolution import StateAdjustment, rules_record
-from .ops_index import OpsIndex
 from .resident import (
     DRIVER_STATE_BYTES_ENV,
+    UNMEASURED_ROW_BYTES,
     HeldState,
     ResidentState,
     format_bytes,
     next_entry,
     next_resident,
 )
+from .state import OpsProvider
+from .state.ops_index import OpsIndex
+from .state.partitioned import PartitionedOps
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -155,62 +158,99 @@ class MicroBatch:
     def carried_state(self) -> CarriedState:
         """The state the latest committed batch left (nothing before the first): the one
         this process holds when it is that commit's (:mod:`.resident`), else rebuilt
-        from the checkpoint's snapshot and changelogs. Lazy frames."""
+        from the checkpoint's snapshot and changelogs. Its events as a local relation;
+        of its operations, the step takes in only those it touches."""
         adjustment, previous = self.adjustment, self.previous
         if previous is None or (adjustment is not None and adjustment.everything):
             return CarriedState(None, None)  # as a new checkpoint would start
         held = self._carried(previous)
-        dropped = sorted(adjustment.rules) if adjustment is not None else []
-        if held.ops is not None:  # indexed in the driver: the step takes in what it touches
-            events = held.tables.get("events") if held.tables is not None else None
-            frame = None if events is None else from_arrow(self.spark, events)
-            ops = held.ops if not dropped else held.ops.without_rules(dropped)
-            held.ops = ops
-            return CarriedState(previous.watermark, previous.max_time, frame, held_ops=ops)
-        frames = held.as_frames(self.spark)
-        rows: int | None = held.rows
-        carried_ops = frames.get("ops")
-        if dropped and carried_ops is not None:
-            from pyspark.sql import functions as F
-
-            carried_ops, rows = carried_ops.where(~F.col("rule").isin(dropped)), None
-        return CarriedState(
-            previous.watermark, previous.max_time, frames.get("events"), carried_ops, rows
-        )
+        events = (held.tables or {}).get("events")
+        frame = None if events is None else from_arrow(self.spark, events)
+        if held.ops is not None and adjustment is not None and adjustment.rules:
+            held.ops = held.ops.without_rules(sorted(adjustment.rules))
+        return CarriedState(previous.watermark, previous.max_time, frame, held_ops=held.ops)
 
     def _carried(self, previous: Commit) -> ResidentState:
         """The state ``previous`` left: the one held when it is that commit's, never
         another (a takeover, a fenced attempt, a replay), else rebuilt and held from
-        now on: in the driver, its operations indexed, when it fits the driver's
-        bound by the bytes last measured (or its rows, for a state the driver never
-        held: :meth:`~.resident.HeldState.fits_driver`); else by Spark. A state the
-        driver holds past its bound moves to Spark first (:meth:`_move_to_spark`)."""
+        now on (:meth:`_rebuilt`). A state the driver holds past its bound moves to
+        the executors first (:meth:`_moved`)."""
         state = self.held.take_for(previous, self.batch_id)
         if state is None:
-            in_driver = self.held.fits_driver(previous.state_bytes, previous.state_rows)
-            state = rebuild(self.store, self.spark, previous, self._schemas(), in_driver)
-            state = state.indexed(self.rules.names, self.rules.input.retention_ms)
+            state = self._rebuilt(previous)
             self.held.hold(state)
-        nbytes = state.nbytes
-        if nbytes is not None and not self.held.fits_driver(nbytes):
-            state = self._move_to_spark(state, nbytes)
+        if state.provider == "driver" and not self.held.fits_driver(state.nbytes):
+            state = self._moved(state)
+            self.held.hold(state)
         self.carried = state
         return state
 
-    def _move_to_spark(self, state: ResidentState, nbytes: int) -> ResidentState:
-        """``state``, held by the driver past its bound, held by Spark from now on, and
-        logged: the move sends its rows through the JVM once, and from then on each
-        micro-batch takes the whole state through its purgatory. O(rows)."""
-        moved = state.moved_to_spark(self.spark)
-        self.held.hold(moved)
-        logger.warning(
+    def _rebuilt(self, previous: Commit) -> ResidentState:
+        """The state ``previous`` left, rebuilt from the checkpoint: in the driver, its
+        operations indexed, when it fits the driver's bound by the bytes the driver
+        last measured (or its rows, for a state the driver never held:
+        :meth:`~.resident.HeldState.fits_driver`); else partitioned on the executors."""
+        measured = previous.state_bytes if previous.state_provider in (None, "driver") else None
+        if self.held.fits_driver(measured, previous.state_rows):
+            state = rebuild(self.store, self.spark, previous, self._schemas())
+            return state.indexed(self.rules.names, self.rules.input.retention_ms)
+        self._need_partitioned((previous.state_rows or 0) * UNMEASURED_ROW_BYTES, "rebuilt")
+        tag = f"{previous.batch_id}:{previous.attempt}"
+        return rebuild(
+            self.store, self.spark, previous, self._schemas(), lambda ops: self._load(ops, tag)
+        )
+
+    def _moved(self, state: ResidentState) -> ResidentState:
+        """``state``, held by the driver past its bound, partitioned on the executors from
+        now on, and logged: the move sends its operations through the JVM once,
+        O(rows); it never moves back within a run."""
+        nbytes = state.nbytes
+        self._need_partitioned(nbytes, "moved")
+        assert state.ops is not None
+        ops = self._load(from_arrow(self.spark, state.ops.whole()), state.tag)
+        moved = dataclasses.replace(state, ops=ops)
+        logger.info(
             "batch %d: the state (%d rows) takes %s of the driver's memory, past its bound "
-            "of %s: Spark holds it from now on, and each micro-batch takes it whole (raise "
-            "the bound with --driver-state-bytes, driver_state_bytes= or %s)",
+            "of %s: its operations are partitioned on the executors from now on (raise the "
+            "bound with --driver-state-bytes, driver_state_bytes= or %s)",
             self.batch_id, state.rows, format_bytes(nbytes),
             format_bytes(self.held.driver_state_bytes), DRIVER_STATE_BYTES_ENV,
         )  # fmt: skip
         return moved
+
+    def _need_partitioned(self, nbytes: int, how: str) -> None:
+        """Refuse, naming the bound, to hold a state of ``nbytes`` past the driver's bound
+        where the partitioned provider cannot run: under Spark Connect (no RDDs)."""
+        from ..spark.session import is_classic
+
+        if is_classic(self.spark):
+            return
+        raise StreamError(
+            f"batch {self.batch_id}: the state takes {format_bytes(nbytes)}, past the "
+            f"driver's bound of {format_bytes(self.held.driver_state_bytes)}, and cannot be "
+            f"{how} onto the executors under Spark Connect (the partitioned state needs a "
+            "classic session): raise the bound with --driver-state-bytes, "
+            f"driver_state_bytes= or {DRIVER_STATE_BYTES_ENV}, or run on a classic session"
+        )
+
+    def _load(self, ops: DataFrame, tag: str) -> PartitionedOps:
+        """The operations ``ops`` (of the state ``tag`` names), partitioned on the
+        executors (:class:`~.state.partitioned.PartitionedOps`), which restore from
+        this checkpoint on a miss."""
+        store, spark, schemas = self.store, self.spark, self._schemas()
+
+        def restore(committed: str) -> DataFrame:
+            batch_id, attempt = committed.split(":", 1)
+            commit = store.read_commit(int(batch_id))
+            if commit.attempt != attempt:
+                raise StreamError(f"the state {committed} is no longer the checkpoint's")
+            frames = committed_frames(store, spark, commit.batch_id, commit, schemas)
+            return frames.get("ops") or spark.createDataFrame([], schemas["ops"])
+
+        retention = self.rules.input.retention_ms
+        return PartitionedOps.load(
+            spark, ops, tag, self.rules.names, retention, restore, str(store.token)
+        )
 
     def _schemas(self) -> dict[str, str]:
         """Each state table's DDL: reading it then needs no job over its footers."""
@@ -301,11 +341,15 @@ class MicroBatch:
             committed = self.store.commit(dataclasses.replace(
                 commit, attempt=attempt.tag, state_rows=written.rows, state=entry,
                 state_provider=written.provider, state_bytes=written.nbytes,
+                state_partitions=getattr(written.ops, "partitions", None),
+                state_local_share=getattr(written.ops, "local_share", None),
                 sink={**sink_location(self.sink), "staged": staged},
             ))  # fmt: skip
         except BaseException:
             written.release()
             raise
+        if written.ops is not None:
+            written.ops.committed()
         self.held.hold(written)
         fault("after_commit", self.batch_id)
         return committed
@@ -348,42 +392,42 @@ class MicroBatch:
         always after a rules change dropped state, which the changes do not show).
         Returns it, to hold once committed, and the commit's state entry.
 
-        Unless the state carried in is held by Spark, the driver holds the next
-        one: the events and the operations' changes as Arrow (as the step made them
-        when it ran in the driver, else collected: two jobs), the operations the
-        step made added to the index of those it did not take in (:mod:`.ops_index`).
-        Else Spark keeps it, locally checkpointed, and its writer writes it.
+        The driver holds the events as Arrow (as the step made them when it ran in
+        the driver, else collected). The operations the step made go back to the
+        provider the state carried in held (:meth:`~.state.OpsProvider.put_back`);
+        a first state goes to the driver's index, or, past the driver's bound by
+        its rows, is partitioned on the executors.
         """
         full = self.adjustment is not None
-        entry = next_entry(self.carried, self.held.snapshot_every, full=full)
         carried = self.carried
-        if carried is not None:
-            by_spark = carried.frames is not None
-        else:  # the first state: the driver holds it unless its rows say it is too big
-            by_spark = not self.held.fits_driver(rows=step.counts().kept)
+        entry = next_entry(carried, self.held.snapshot_every, full=full)
         tables = step.tables(["events", "ops_rows"])
-        if by_spark:
-            events, ops_rows = (as_frame(self.spark, tables[n]) for n in ("events", "ops_rows"))
-            changes = split_ops_frame(ops_rows)
-            whole = {"events": events, "ops": changes.pop("ops")}
-            state = {n: f.localCheckpoint(eager=False) for n, f in whole.items()}
-            written, entry, out = next_resident(self.batch_id, attempt.tag, entry, state, changes)
+        events = as_arrow(tables["events"])
+        ops = carried.ops if carried is not None else None
+        tag = f"{self.batch_id}:{attempt.tag}"
+        if ops is None:  # nothing held before: what the step carries on, all of it
+            ops = self._first_ops(step, tables["ops_rows"], tag)
+            changes: dict[str, Any] = {}
         else:
             changes = split_ops(as_arrow(tables["ops_rows"]))
-            made = changes.pop("ops")
-            ops = carried.ops if carried is not None and carried.ops is not None else None
-            if ops is None:  # nothing indexed before: what the step carries on, all of it
-                ops = OpsIndex(self.rules.names, self.rules.input.retention_ms)
-                ops.add(made)
-            else:
-                ops.add(changes["ops.added"])
-            held_events = {"events": as_arrow(tables["events"])}
-            written, entry, out = next_resident(
-                self.batch_id, attempt.tag, entry, held_events, changes, ops=ops
-            )
+            changes.pop("ops")
+            ops.put_back(changes["ops.added"], changes["ops.removed"], tag)
+        written, entry, out = next_resident(self.batch_id, attempt.tag, entry, events, changes, ops)
         # The attempt's state directory is its own: no earlier write used its name.
         write_tables(self.store, self.store.attempt_path(self.batch_id, attempt), out, fresh=True)
         return written, entry
+
+    def _first_ops(self, step: DelayedOperations, ops_rows: Any, tag: str) -> OpsProvider:
+        """The operations of the first state (``ops_rows``, the step's), held: indexed in
+        the driver, or partitioned on the executors when their rows say they would
+        pass the driver's bound."""
+        kept = step.counts().kept
+        if self.held.fits_driver(rows=kept):
+            index = OpsIndex(self.rules.names, self.rules.input.retention_ms)
+            index.add(split_ops(as_arrow(ops_rows))["ops"])
+            return index
+        self._need_partitioned(kept * UNMEASURED_ROW_BYTES, "held")
+        return self._load(split_ops_frame(as_frame(self.spark, ops_rows))["ops"], tag)
 
     # -- 5. publication --------------------------------------------------------------------
     def publish(self, commit: Commit) -> None:

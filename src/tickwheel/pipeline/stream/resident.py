@@ -10,7 +10,6 @@ Writing and rebuilding states is :mod:`.changelog`'s.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -21,9 +20,8 @@ from .checkpoint import Commit, StateEntry
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
-    from pyspark.sql import DataFrame, SparkSession
 
-    from .ops_index import OpsIndex
+    from .state import OpsProvider
 
 __all__ = [
     "DRIVER_STATE_BYTES_ENV",
@@ -135,12 +133,12 @@ def _positive_int(name: str, default: int) -> int:
 class ResidentState:
     """The state a committed batch left, held in this process.
 
-    Exactly one of ``tables`` (Arrow, in the driver) and ``frames`` (Spark
-    DataFrames, locally checkpointed) is set. Held in the driver, the
-    operations are ``ops``, indexed by key and due time (:mod:`.ops_index`),
-    and ``tables`` holds the events. ``attempt`` is the tag of the attempt
-    whose commit made it; ``base`` the batch of the snapshot its chain of
-    changelogs starts from, ``changelogs`` their number.
+    ``tables`` holds the events as Arrow (the dedup window, with the driver
+    under both providers) and, until :meth:`indexed`, the operations; then the
+    operations are ``ops``, held by a provider (:mod:`.state`): indexed by key
+    and due time in the driver, or partitioned on the executors. ``attempt`` is
+    the tag of the attempt whose commit made it; ``base`` the batch of the
+    snapshot its chain of changelogs starts from, ``changelogs`` their number.
     """
 
     batch_id: int
@@ -149,72 +147,52 @@ class ResidentState:
     base: int
     changelogs: int
     tables: dict[str, pa.Table] | None = None
-    frames: dict[str, DataFrame] | None = None
-    ops: OpsIndex | None = None
+    ops: OpsProvider | None = None
 
     @property
     def provider(self) -> str:
-        """Who holds the state: ``"driver"`` (Arrow, its operations indexed) or
-        ``"spark"`` (locally checkpointed frames, the whole state through each
-        micro-batch). O(1)."""
-        return "spark" if self.frames is not None else "driver"
+        """Who holds the operations: ``"driver"`` or ``"partitioned"``. O(1)."""
+        return self.ops.provider if self.ops is not None else "driver"
 
     @property
-    def nbytes(self) -> int | None:
+    def tag(self) -> str:
+        """The state's name for a provider: its batch and attempt. O(1)."""
+        return f"{self.batch_id}:{self.attempt}"
+
+    @property
+    def nbytes(self) -> int:
         """The bytes of the driver's memory the state takes, measured: the Arrow tables'
-        buffers and the operations' index (:attr:`~.ops_index.OpsIndex.nbytes`); None
-        when Spark holds it. O(tables + segments)."""
-        if self.tables is None:
-            return None
-        held = sum(int(table.nbytes) for table in self.tables.values())
+        buffers and what its provider holds there (:attr:`.state.OpsProvider.nbytes`:
+        the index, or the partitioned provider's changes in flight). O(tables + segments)."""
+        held = sum(int(table.nbytes) for table in (self.tables or {}).values())
         return held + (self.ops.nbytes if self.ops is not None else 0)
-
-    def moved_to_spark(self, spark: SparkSession) -> ResidentState:
-        """The same committed state, held by Spark: each table (the operations whole) a
-        locally checkpointed frame, made now. Its rows go through the JVM once:
-        O(rows). This state is let go by the holder that takes the new one."""
-        from ..spark.frames import from_arrow
-
-        frames = {
-            name: from_arrow(spark, table).localCheckpoint(eager=True)
-            for name, table in self.as_tables().items()
-        }
-        return ResidentState(
-            self.batch_id, self.attempt, self.rows, self.base, self.changelogs, frames=frames
-        )
 
     def matches(self, commit: Commit) -> bool:
         """Whether this is the state that ``commit`` names: its batch and attempt. O(1)."""
         return commit.batch_id == self.batch_id and commit.attempt == self.attempt
 
-    def as_frames(self, spark: SparkSession) -> dict[str, DataFrame]:
-        """The tables as DataFrames: held ones as local relations (no job). O(1) calls."""
-        if self.frames is not None:
-            return self.frames
-        from ..spark.frames import from_arrow
-
-        return {name: from_arrow(spark, table) for name, table in self.as_tables().items()}
-
     def as_tables(self) -> dict[str, pa.Table]:
-        """The tables as Arrow: held ones as they are, Spark's collected (a job each)."""
-        if self.tables is not None:
-            if self.ops is None:
-                return self.tables
-            return {**self.tables, "ops": self.ops.table()}
-        assert self.frames is not None
-        return {name: frame.toArrow() for name, frame in self.frames.items()}
+        """The tables as Arrow (a reader's): partitioned operations collected. O(rows)."""
+        tables = dict(self.tables or {})
+        if self.ops is not None:
+            whole = self.ops.whole()
+            tables["ops"] = whole if self.ops.provider == "driver" else whole.toArrow()
+        return tables
 
     def held(self) -> Mapping[str, Any]:
-        """The tables as held: Arrow tables (the indexed operations as one) or
-        DataFrames. O(1), or O(rows) for indexed operations."""
-        return self.as_tables() if self.tables is not None else self.frames or {}
+        """The tables as a snapshot writes them: Arrow, but partitioned operations as a
+        DataFrame read from their stores. O(rows) for indexed operations."""
+        tables: dict[str, Any] = dict(self.tables or {})
+        if self.ops is not None:
+            tables["ops"] = self.ops.whole()
+        return tables
 
     def indexed(self, rule_names: Sequence[str], retention_ms: int | None) -> ResidentState:
-        """This state, its Arrow operations indexed (:mod:`.ops_index`; no change for one
-        indexed already, or held by Spark). O(n log n)."""
+        """This state, its Arrow operations indexed (:mod:`.state.ops_index`; no change for
+        one held by a provider already). O(n log n)."""
         if self.tables is None or self.ops is not None or "ops" not in self.tables:
             return self
-        from .ops_index import OpsIndex
+        from .state.ops_index import OpsIndex
 
         tables = dict(self.tables)
         self.ops = OpsIndex(rule_names, retention_ms, tables.pop("ops"))
@@ -222,16 +200,10 @@ class ResidentState:
         return self
 
     def release(self) -> None:
-        """Let Spark drop the blocks of a state it keeps, now: a locally checkpointed
-        RDD is otherwise kept until the JVM's garbage collector finds it unreachable
-        (Spark's cleaner; a Connect client's frame releases it when collected).
-        O(tables)."""
-        for frame in (self.frames or {}).values():
-            jdf = getattr(frame, "_jdf", None)  # None under Spark Connect
-            if jdf is not None:
-                with contextlib.suppress(Exception):  # not a checkpoint's plan: nothing held
-                    jdf.queryExecution().logical().rdd().unpersist(False)
-        self.frames = self.tables = self.ops = None
+        """Let the state go: a partitioned provider's stores too. O(partitions)."""
+        if self.ops is not None:
+            self.ops.release()
+        self.tables = self.ops = None
 
 
 class HeldState:
@@ -317,47 +289,30 @@ def next_resident(
     batch_id: int,
     attempt: str,
     entry: StateEntry,
-    state: Mapping[str, Any],
+    events: pa.Table,
     changes: Mapping[str, Any],
-    ops: OpsIndex | None = None,
+    ops: OpsProvider,
 ) -> tuple[ResidentState, StateEntry, dict[str, Any]]:
-    """The state that batch ``batch_id``'s attempt leaves (``state``: its tables; with
-    ``ops``, its operations indexed, and ``state`` holds the events), to hold once
-    it commits; the commit's state entry; and what the commit writes: every table
-    whole for a snapshot ``entry`` (:func:`next_entry`); else ``changes`` (the
-    rows each changed table gained and lost: ``ops.added``, ``ops.removed``) and,
-    whole, each table they do not cover (``events``, the events above the
-    watermark: at most the allowed lateness's worth), which the entry names in
-    ``whole``: a rebuild reads no other.
-
-    The tables are all Arrow tables (held in the driver) or all DataFrames
-    (held by Spark, locally checkpointed: their rows are counted, one job
-    each). O(tables) calls, and O(rows) for a snapshot of indexed operations.
+    """The state that batch ``batch_id``'s attempt leaves (its ``events``, and its
+    operations held by ``ops``, this attempt's changes put back), to hold once it
+    commits; the commit's state entry; and what the commit writes: every table
+    whole for a snapshot ``entry`` (:func:`next_entry`); else ``changes`` (the rows
+    the operations gained and lost: ``ops.added``, ``ops.removed``) and, whole, the
+    events above the watermark (at most the allowed lateness's worth), which the
+    entry names in ``whole``: a rebuild reads no other. O(1) calls, and O(rows)
+    for a snapshot.
     """
     snapshot = not entry.is_changelog
     resident = ResidentState(
         batch_id,
         attempt,
-        rows=0,
+        rows=int(events.num_rows) + ops.rows,
         base=batch_id if snapshot or entry.base is None else entry.base,
         changelogs=entry.changelogs,
+        tables={"events": events},
         ops=ops,
     )
-    from ..spark.frames import is_arrow
-
-    if all(is_arrow(table) for table in state.values()):
-        resident.tables = dict(state)
-        resident.rows = sum(int(table.num_rows) for table in state.values())
-    else:
-        resident.frames = dict(state)
-        resident.rows = sum(frame.count() for frame in state.values())
-    if ops is not None:
-        resident.rows += ops.rows
     if snapshot:
         return resident, entry, dict(resident.held())
-    changed = {name.split(".")[0] for name in changes}
-    whole = {name: table for name, table in state.items() if name not in changed}
-    entry = StateEntry(
-        "changelog", entry.base, entry.after, entry.changelogs, whole=tuple(sorted(whole))
-    )
-    return resident, entry, {**whole, **changes}
+    entry = StateEntry("changelog", entry.base, entry.after, entry.changelogs, whole=("events",))
+    return resident, entry, {"events": events, **changes}

@@ -173,6 +173,8 @@ def _status(
                 "rows": _int_or_none(commit.state_rows),
                 "provider": commit.state_provider,
                 "memory_bytes": _int_or_none(commit.state_bytes),
+                "partitions": _int_or_none(commit.state_partitions),
+                "partitions_local": commit.state_local_share,
                 "bytes": sum(size for _path, size, _mtime in listed),
                 "files": len(listed),
             },

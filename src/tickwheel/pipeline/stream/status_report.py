@@ -18,7 +18,20 @@ from .status import listable, rule_names
 __all__ = ["render_status"]
 
 #: Who holds the state, for a reader (:attr:`~.resident.ResidentState.provider`).
-_PROVIDERS = {"driver": "the driver", "spark": "Spark (whole through each micro-batch)"}
+_PROVIDERS = {"driver": "the driver", "partitioned": "the executors"}
+
+
+def _held_by(state: dict[str, Any]) -> str:
+    """Who holds the state, and what it takes of the driver's memory."""
+    memory = state.get("memory_bytes")
+    provider = str(state["provider"])
+    held = _PROVIDERS.get(provider, provider)
+    if provider == "partitioned":
+        share = state.get("partitions_local")
+        local = "" if share is None else f", {share:.0%} found local by the last micro-batch"
+        held += f" ({state.get('partitions')} key partitions{local})"
+        return held + ("" if memory is None else f", {format_bytes(memory)} of the driver's memory")
+    return held + ("" if memory is None else f", {format_bytes(memory)} of its memory")
 
 
 def _when(ms: int | None) -> str:
@@ -77,9 +90,7 @@ def render_status(status: Mapping[str, Any]) -> str:
         rows = "unknown" if state["rows"] is None else f"{state['rows']:,}"
         line("state", f"{rows} rows, {format_bytes(state['bytes'])} in {state['files']} file(s)")
         if state.get("provider") is not None:
-            memory = state.get("memory_bytes")
-            taken = "" if memory is None else f", {format_bytes(memory)} of its memory"
-            line("state held by", f"{_PROVIDERS.get(state['provider'], state['provider'])}{taken}")
+            line("state held by", _held_by(state))
     files = status["files"]
     source = {"tickwheel": "tickwheel's file log", "spark": "Spark's file source log"}
     taken = (

@@ -138,9 +138,11 @@ class Commit:
     the state is held (None before format 4: whole); ``sink`` is where the
     outputs are and what the sink staged (before format 3: None); ``rules`` the
     rules it ran with (before format 2: None). ``state_provider`` says who held the
-    state the commit left, ``"driver"`` or ``"spark"``, and ``state_bytes`` the
-    driver's memory it took there, measured (None: held by Spark, or an older
-    release's commit). ``stamp`` and
+    state the commit left, ``"driver"`` or ``"partitioned"``, and ``state_bytes`` the
+    driver's memory it took there, measured (for a partitioned state, the events and
+    the changes in flight; None: an older release's commit). A partitioned state
+    also records its ``state_partitions`` and the share of them its micro-batch's job
+    found on their own executor (``state_local_share``; None: a job that read none). ``stamp`` and
     ``committed_at_ms`` are set by the store as it commits
     (:meth:`~.commits.StateStore.commit`).
     """
@@ -162,6 +164,8 @@ class Commit:
     state_rows: int | None = None
     state_provider: str | None = None
     state_bytes: int | None = None
+    state_partitions: int | None = None
+    state_local_share: float | None = None
     state: StateEntry | None = None
     sink: Mapping[str, Any] | None = None
     stamp: Stamp = field(default_factory=Stamp)
@@ -212,6 +216,8 @@ class Commit:
             state_rows=data.get("state_rows"),
             state_provider=data.get("state_provider"),
             state_bytes=data.get("state_bytes"),
+            state_partitions=data.get("state_partitions"),
+            state_local_share=data.get("state_local_share"),
             state=None if state is None else StateEntry.from_json(state),
             sink=data.get("sink"),
             stamp=Stamp.from_json(data),
@@ -238,6 +244,8 @@ class Commit:
             "state_rows": self.state_rows,
             "state_provider": self.state_provider,
             "state_bytes": self.state_bytes,
+            "state_partitions": self.state_partitions,
+            "state_local_share": self.state_local_share,
             "state": None if self.state is None else self.state.to_json(),
             "sink": None if self.sink is None else dict(self.sink),
             **self.stamp.to_json(),

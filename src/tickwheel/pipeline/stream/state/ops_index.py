@@ -7,7 +7,7 @@ arrives, or when the watermark reaches its deadline; a key's expiry marker, when
 an event of its key arrives, when an operation of its key expires, or when the
 watermark reaches the end of its retention. :meth:`OpsIndex.take_touched` takes
 out exactly those rows, the rows the purgatory's partitions would not have passed
-through unchanged (:func:`~..spark.partition.untouched_state`), without a pass
+through unchanged (:func:`~...spark.partition.untouched_state`), without a pass
 over the others: each segment of rows is indexed by a hash of (rule, key),
 sorted, and by the watermark at which each row falls due, sorted, with a pointer
 that only moves forward (a watermark never moves back). The rows a micro-batch
@@ -18,7 +18,7 @@ O(log n) times in all and a lookup asks O(log n) segments.
 Costs, for n rows held and t rows touched: :meth:`~OpsIndex.take_touched`
 O(t + k log n) for k keys of the micro-batch's events; :meth:`~OpsIndex.add`
 O(a log a) for a rows, plus merges, O(log n) per row amortised;
-:meth:`~OpsIndex.table` O(n). :attr:`~OpsIndex.nbytes` measures what it holds
+:meth:`~OpsIndex.whole` O(n). :attr:`~OpsIndex.nbytes` measures what it holds
 (``docs/scaling.md``, "Bytes per pending operation").
 Needs numpy and pyarrow (the ``spark`` extra).
 """
@@ -26,20 +26,21 @@ Needs numpy and pyarrow (the ``spark`` extra).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..core import STATE_EXPIRED, STATE_PENDING
+from ...core import STATE_EXPIRED, STATE_PENDING
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa  # type: ignore[import-untyped]
 
-__all__ = ["OpsIndex", "key_hashes", "ops_schema"]
+__all__ = ["ALWAYS", "NEVER", "OpsIndex", "due_at", "key_hashes", "ops_schema", "rule_indexes"]
 
 #: A watermark no row falls due at (a marker kept for ever), and one every row
-#: falls due at (a row the purgatory must see: one with a null it needs).
-_NEVER = 2**63 - 1
-_ALWAYS = -(2**63)
+#: falls due at (a row the purgatory must see: one with a null it needs); public for
+#: the partitioned provider (:mod:`.partitioned`), which files rows by them too.
+NEVER = 2**63 - 1
+ALWAYS = -(2**63)
 #: Strings hashed per chunk (bounds the hash's scratch memory).
 _HASH_CHUNK = 1 << 20
 
@@ -194,8 +195,49 @@ class _Segment:
         return self.table.take(np.flatnonzero(self.alive))
 
 
+def rule_indexes(table: pa.Table, rule_names: Sequence[str]) -> np.ndarray:
+    """Each row's rule as its index in ``rule_names`` (-1: a null rule, or one not in
+    force). O(rows)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rule = pc.index_in(table["rule"], value_set=pa.array(list(rule_names), pa.string()))
+    return np.asarray(pc.fill_null(rule, -1).to_numpy(zero_copy_only=False), np.int64)
+
+
+def due_at(table: pa.Table, rule_index: np.ndarray, retention_ms: int | None) -> np.ndarray:
+    """The watermark at which each row of carried operations falls due by itself: a pending
+    operation's deadline; an expiry marker's time plus ``retention_ms`` (never, without
+    one); at once for a row the purgatory must see whatever happens (a null it needs,
+    another kind, a rule not in force: ``rule_index`` -1). O(rows)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    kind = table["kind"]
+    pending = np.asarray(pc.fill_null(pc.equal(kind, STATE_PENDING), False))
+    marker = np.asarray(pc.fill_null(pc.equal(kind, STATE_EXPIRED), False))
+    due = np.full(table.num_rows, ALWAYS, np.int64)
+    deadline = table["deadline"]
+    has_deadline = np.asarray(pc.is_valid(deadline))
+    values = np.asarray(pc.fill_null(deadline, 0).to_numpy(zero_copy_only=False), np.int64)
+    take = pending & has_deadline
+    due[take] = values[take]
+    if retention_ms is None:
+        due[marker] = NEVER
+    else:
+        time = table["time"]
+        has_time = np.asarray(pc.is_valid(time))
+        start = np.asarray(pc.fill_null(time, 0).to_numpy(zero_copy_only=False), np.int64)
+        take = marker & has_time
+        due[take] = start[take] + retention_ms
+    known = (rule_index >= 0) & np.asarray(pc.is_valid(table["key"]))
+    due[~known] = ALWAYS
+    return due
+
+
 def ops_schema() -> pa.Schema:
-    """The Arrow schema of the carried operations (:data:`~..spark.outputs.OPS_COLUMNS`)."""
+    """The Arrow schema of the carried operations (:data:`~...spark.outputs.OPS_COLUMNS`)."""
     import pyarrow as pa
 
     text, long = pa.string(), pa.int64()
@@ -204,9 +246,12 @@ def ops_schema() -> pa.Schema:
 
 
 class OpsIndex:
-    """The carried operations (the columns of :data:`~..spark.outputs.OPS_COLUMNS`) of
+    """The carried operations (the columns of :data:`~...spark.outputs.OPS_COLUMNS`) of
     the rules ``rule_names``, held for the micro-batches to take in only what they
-    can change. ``retention_ms`` is the expiry markers' (None: kept for ever)."""
+    can change. ``retention_ms`` is the expiry markers' (None: kept for ever).
+    The driver provider (:class:`~.OpsProvider`)."""
+
+    provider = "driver"
 
     def __init__(
         self, rule_names: Sequence[str], retention_ms: int | None, table: pa.Table | None = None
@@ -241,43 +286,8 @@ class OpsIndex:
         self._merge()
 
     def _segment(self, table: pa.Table) -> _Segment:
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        names = pa.array(self.rule_names, pa.string())
-        rule = pc.index_in(table["rule"], value_set=names)
-        rule_index = np.asarray(pc.fill_null(rule, -1).to_numpy(zero_copy_only=False), np.int64)
-        return _Segment(table, rule_index, self._due_at(table, rule))
-
-    def _due_at(self, table: pa.Table, rule: Any) -> np.ndarray:
-        """The watermark at which each row falls due by itself: a pending operation's
-        deadline; an expiry marker's time plus the retention (never, without one);
-        at once for a row the purgatory must see whatever happens (a null it needs,
-        another kind, a rule not in force)."""
-        import numpy as np
-        import pyarrow.compute as pc
-
-        kind = table["kind"]
-        pending = np.asarray(pc.fill_null(pc.equal(kind, STATE_PENDING), False))
-        marker = np.asarray(pc.fill_null(pc.equal(kind, STATE_EXPIRED), False))
-        due = np.full(table.num_rows, _ALWAYS, np.int64)
-        deadline = table["deadline"]
-        has_deadline = np.asarray(pc.is_valid(deadline))
-        values = np.asarray(pc.fill_null(deadline, 0).to_numpy(zero_copy_only=False), np.int64)
-        take = pending & has_deadline
-        due[take] = values[take]
-        if self.retention_ms is None:
-            due[marker] = _NEVER
-        else:
-            time = table["time"]
-            has_time = np.asarray(pc.is_valid(time))
-            start = np.asarray(pc.fill_null(time, 0).to_numpy(zero_copy_only=False), np.int64)
-            take = marker & has_time
-            due[take] = start[take] + self.retention_ms
-        known = np.asarray(pc.is_valid(rule)) & np.asarray(pc.is_valid(table["key"]))
-        due[~known] = _ALWAYS
-        return due
+        rule_index = rule_indexes(table, self.rule_names)
+        return _Segment(table, rule_index, due_at(table, rule_index, self.retention_ms))
 
     def _merge(self) -> None:
         """Merge the newest segments while the one before is at most twice as big, and
@@ -320,7 +330,7 @@ class OpsIndex:
             rows = segment.take(due)
             taken.append(rows)
             expires = np.asarray(pc.fill_null(pc.equal(rows["kind"], STATE_PENDING), False))
-            expires &= (segment.rule_index[due] >= 0) & (segment.due_at[due] != _ALWAYS)
+            expires &= (segment.rule_index[due] >= 0) & (segment.due_at[due] != ALWAYS)
             if expires.any():
                 due_keys.append((segment.rule_index[due][expires], rows["key"].filter(expires)))
         rule_index, key_array = self._pairs(keys, due_keys)
@@ -365,11 +375,22 @@ class OpsIndex:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        table = self.table()
+        table = self.whole()
         dropped = pc.is_in(table["rule"], value_set=pa.array(sorted(names), pa.string()))
         return OpsIndex(self.rule_names, self.retention_ms, table.filter(pc.invert(dropped)))
 
-    def table(self) -> pa.Table:
+    def put_back(self, added: pa.Table, removed: pa.Table, tag: str) -> None:
+        """What an attempt changed: the rows it holds on (``added``) go in; those it took
+        in (``removed``) are out already. O(a log a), and the merges it makes due."""
+        self.add(added)
+
+    def committed(self) -> None:
+        """Nothing to do: the index holds the attempt's state already. O(1)."""
+
+    def release(self) -> None:
+        """Nothing to do: the index is let go with its last reference. O(1)."""
+
+    def whole(self) -> pa.Table:
         """Every row held, as one table (a snapshot's, a reader's). O(n)."""
         import pyarrow as pa
 
