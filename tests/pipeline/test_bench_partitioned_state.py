@@ -28,7 +28,7 @@ def test_both_designs_run_and_find_every_payment_once() -> None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("pending ")]
     assert [line.split(";")[0] for line in lines] == ["pending 300", "pending 900"]
     for line in lines:
-        assert "committed version held 6/6" in line  # 2 partitions x 3 micro-batches
+        assert "partitions found local, least 100% of 2" in line  # local[2]: 2 partitions
         assert "state store " in line and "not finished" not in line
     assert "embedded: 900 against 300 pending: " in done.stdout
     assert "state store against the floor at 900: " in done.stdout
