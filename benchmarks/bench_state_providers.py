@@ -22,6 +22,7 @@ end of micro-batch 1 to the end of the last. Both runs' operations pending at
 the end are checked equal to the generated count.
 
     .venv/bin/python benchmarks/bench_state_providers.py --pending 1e4 1e5 1e6
+    .venv/bin/python benchmarks/bench_state_providers.py --pending 1e7 --providers partitioned
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=6, help="steady files after the load")
     parser.add_argument("--records", type=int, default=1_000, help="records per steady file")
     parser.add_argument("--timeout", type=float, default=3600.0, help="each run, at most (s)")
+    parser.add_argument("--providers", nargs="+", choices=list(PROVIDERS), default=list(PROVIDERS))
     args = parser.parse_args(argv)
     if args.batches < 2 or args.records < 4:
         parser.error("--batches >= 2 and --records >= 4")
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             here = work / f"n-{sci(n)}"
             workload = write_workload(here / "in", n, args.batches, args.records)
             runs = {}
-            for provider in PROVIDERS:
+            for provider in args.providers:
                 run = runs[provider] = run_stream(
                     here / provider, rules, workload.input, workload.files, provider, args.timeout
                 )
@@ -162,16 +164,19 @@ def _report(rows: list[tuple[int, dict[str, Run]]], batches: int) -> None:
 
     print(f"\n{'pending':>8} {'driver s':>9} {'part. s':>8} {'part./driver':>13} "
           f"{'driver MB':>10} {'part. MB':>9}")  # fmt: skip
-    first = rows[0][1]["partitioned"].steady(batches) if rows else None
+    first = (
+        rows[0][1]["partitioned"].steady(batches) if rows and "partitioned" in rows[0][1] else None
+    )
     for n, runs in rows:
-        d, p = runs["driver"], runs["partitioned"]
-        ds, ps = d.steady(batches), p.steady(batches)
+        d, p = runs.get("driver"), runs.get("partitioned")
+        ds = d.steady(batches) if d else None
+        ps = p.steady(batches) if p else None
         ratio = ps / ds if ps and ds else None
         print(f"{sci(n):>8} {cell(ds, '.2f'):>9} {cell(ps, '.2f'):>8} {cell(ratio, '.2f'):>12}x "
-              f"{cell(d.steady_memory(batches), '.0f'):>10} "
-              f"{cell(p.steady_memory(batches), '.0f'):>9}")  # fmt: skip
+              f"{cell(d.steady_memory(batches) if d else None, '.0f'):>10} "
+              f"{cell(p.steady_memory(batches) if p else None, '.0f'):>9}")  # fmt: skip
     for n, runs in rows[1:]:
-        ps = runs["partitioned"].steady(batches)
+        ps = runs["partitioned"].steady(batches) if "partitioned" in runs else None
         if ps and first:
             print(f"partitioned at {sci(n)} against {sci(rows[0][0])}: {ps / first:.2f}x")
 

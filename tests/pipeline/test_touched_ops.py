@@ -175,6 +175,8 @@ def test_a_stream_gives_the_same_whether_the_driver_or_the_executors_hold_its_st
     from tickwheel.pipeline.stream.file_job import FileStreamJob, StreamConfig
     from tickwheel.pipeline.stream.resident import DRIVER_STATE_BYTES_ENV
     from tickwheel.pipeline.stream.start import read_stream_outputs
+    from tickwheel.pipeline.stream.status import checkpoint_status
+    from tickwheel.pipeline.stream.status_report import render_status
 
     gen = tmp_path / "gen"
     generate_orders(200, gen, seed=5, files=4)
@@ -234,10 +236,20 @@ def test_a_stream_gives_the_same_whether_the_driver_or_the_executors_hold_its_st
     assert [by for by, _nbytes in held_moved[2:]] == ["partitioned"] * (len(files) - 2)
 
     monkeypatch.setenv(DRIVER_STATE_BYTES_ENV, "1")
+    caplog.set_level(logging.INFO, logger="tickwheel.pipeline.stream.state.partitioned")
     partitioned, held_partitioned = run("partitioned")
+    # The stores stayed where they were loaded: no micro-batch loaded them again.
+    reloads = [r.getMessage() for r in caplog.records if "loaded again" in r.getMessage()]
+    assert not reloads, reloads
     assert [by for by, _nbytes in held_partitioned] == ["partitioned"] * len(files)
     # On one machine every store is where its task runs: each job found all of them.
     assert set(shares) <= {None, 1.0} and shares[-1] == 1.0, shares
+    status = checkpoint_status(str(tmp_path / "partitioned" / "ck"), spark=spark)
+    assert status["state"]["provider"] == "partitioned"
+    assert status["state"]["partitions"] >= 1 and status["state"]["partitions_local"] == 1.0
+    held_by = (f"  state held by   the executors ({status['state']['partitions']} key "
+               "partitions, 100% found local by the last micro-batch), ")  # fmt: skip
+    assert held_by in render_status(status)
     assert indexed == moved == partitioned
 
 

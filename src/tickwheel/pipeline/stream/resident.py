@@ -258,9 +258,12 @@ class HeldState:
         return None
 
     def hold(self, state: ResidentState) -> None:
-        """Hold ``state`` from now on, letting the one held before go. O(tables)."""
+        """Hold ``state`` from now on, letting the one held before go, but for the provider
+        of its operations when ``state`` took it on. O(tables)."""
         previous, self.state = self.state, state
         if previous is not None and previous is not state:
+            if previous.ops is state.ops:  # handed on: the next state's now
+                previous.ops = None
             previous.release()
 
     def drop(self) -> None:

@@ -299,10 +299,13 @@ class PartitionedOps:
     def _run(self, task: Callable[..., Any], common: dict[str, Any]) -> list[tuple[int, Any]]:
         """Run ``task`` on every partition with the changes the stores lack; on a miss
         or a failed job, load again from the checkpoint and run once more."""
+        from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+        from pyspark.errors.exceptions.captured import CapturedException
+
         for attempt in range(2):
             try:
                 results = self._job(task, self._payloads(common, pending=True)).collect()
-            except Exception as exc:
+            except (Py4JJavaError, CapturedException) as exc:  # a job Spark failed
                 if attempt:
                     raise
                 logger.warning("the partitioned state's job failed (%s): loaded again", exc)
@@ -371,7 +374,8 @@ class PartitionedOps:
     def _job(self, task: Callable[..., Any], payloads: list[dict[str, Any]]) -> RDD[Any]:
         """``task`` over the anchor's partitions, each given its payload: in the job's
         closure, or as a broadcast when large."""
-        assert self._anchor is not None, "a released provider"
+        if self._anchor is None:
+            raise RuntimeError("the partitioned operations were released")
         sc = self._spark.sparkContext
         data = pickle.dumps(payloads, protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) > _BROADCAST_BYTES:
