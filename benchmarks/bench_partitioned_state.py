@@ -1,6 +1,6 @@
-"""Where a state that outgrows the driver could live: two prototypes of a partitioned
-provider, measured side by side on the same touches (issue 63's choice; the figures are
-in ``docs/benchmarks.md``, "A state beyond the driver", and the choice in
+"""Where a state that outgrows the driver lives: the partitioned provider as built, and the
+design it was chosen over, measured side by side on the same touches (issue 63; the
+figures are in ``docs/benchmarks.md``, "A state beyond the driver", and the choice in
 ``docs/pipeline-design.md``, "Carried state").
 
 The workload: N pending operations (one key each, a 30-day deadline), then

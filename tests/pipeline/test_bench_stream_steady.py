@@ -134,3 +134,23 @@ def test_the_benchmark_runs_from_the_command_line(tmp_path: Path) -> None:
         assert row[4:8] == ["-", "-", "-", "-"] and row[8] == "1.00x"
         assert all(float(cell) > 0 for cell in row[1:4])
     assert "transformWithStateInPandas: not run: --peers none" in out
+
+
+@pytest.mark.spark
+@pytest.mark.jvm_process
+@pytest.mark.slow
+def test_the_providers_benchmark_runs_both_providers_end_to_end(tmp_path: Path) -> None:
+    """``bench_state_providers.py`` at a tiny size: the stream with the operations in the
+    driver and partitioned on the executors, each ending with the operations it
+    generated pending (the script checks), and a row of both in its table."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_state_providers.py"), "--pending", "300",
+         "--batches", "2", "--records", "40"],
+        capture_output=True, text=True, timeout=400, check=False, env=subprocess_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "3e2 pending: driver: micro-batches " in out
+    assert "3e2 pending: partitioned: micro-batches " in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("     3e2 ")]
+    assert len(rows) == 1 and rows[0][3].endswith("x"), out  # the ratio of the two

@@ -286,12 +286,14 @@ def rebuild(
     spark: SparkSession,
     commit: Commit,
     schemas: Mapping[str, str],
-    load_ops: Callable[[DataFrame], OpsProvider] | None = None,
+    load_ops: Callable[[DataFrame, str], OpsProvider] | None = None,
 ) -> ResidentState:
     """The state ``commit`` left, rebuilt from storage to be held: as Arrow in the driver
-    (as :func:`committed_tables`, no Spark job), or, given ``load_ops``, the events so
-    and the operations read by Spark (as :func:`committed_frames`) and handed to
-    ``load_ops``, which loads them where they are held from now on."""
+    (as :func:`committed_tables`, no Spark job); or, given ``load_ops``, the events so
+    and the operations of the last snapshot read by Spark and handed to ``load_ops``
+    (with the tag of the state they are), which loads them where they are held from
+    now on, each changelog after it then put back and committed there in order: a
+    restore reads the snapshot once and the changes, O(snapshot + changes)."""
     chain = _chain(store, commit)
     base, changelogs = chain[0].batch_id, len(chain) - 1
     state = ResidentState(commit.batch_id, commit.attempt, 0, base, changelogs)
@@ -299,10 +301,7 @@ def rebuild(
         state.tables = _tables(store, chain)
     else:
         state.tables = _tables(store, chain, names=("events",))
-        ops = _frames(store, spark, chain, schemas, names=("ops",)).get("ops")
-        if ops is None:
-            ops = spark.createDataFrame([], schemas["ops"])
-        state.ops = load_ops(ops)
+        state.ops = _partitioned_ops(store, spark, chain, schemas, load_ops)
     state.rows = sum(t.num_rows for t in state.tables.values())
     state.rows += state.ops.rows if state.ops is not None else 0
     logger.info(
@@ -310,6 +309,45 @@ def rebuild(
         commit.batch_id, base, changelogs,
     )  # fmt: skip
     return state
+
+
+def _partitioned_ops(
+    store: StateStore,
+    spark: SparkSession,
+    chain: list[Commit],
+    schemas: Mapping[str, str],
+    load_ops: Callable[[DataFrame, str], OpsProvider],
+) -> OpsProvider:
+    """The operations at the end of ``chain``: its snapshot's loaded by ``load_ops``, its
+    changelogs' changes put back on them (read in the driver: O(changes)). A chain
+    with a changelog that holds the operations whole (none since format 4 writes
+    them) is replayed by Spark instead, and loaded at its end."""
+    from ..spark.frames import empty_frame
+
+    def tag(made: Commit) -> str:
+        return f"{made.batch_id}:{made.attempt}"
+
+    def read(path: str, name: str) -> pa.Table:
+        table = _read_table(store, join(path, name))
+        return table if table is not None else _empty_ops()
+
+    whole = any(c.state is not None and "ops" in c.state.whole for c in chain[1:])
+    replayed = chain if whole else chain[:1]
+    ops = _frames(store, spark, replayed, schemas, names=("ops",)).get("ops")
+    provider = load_ops(ops if ops is not None else empty_frame(spark, schemas["ops"]),
+                        tag(replayed[-1]))  # fmt: skip
+    for changed in [] if whole else chain[1:]:
+        directory = store.state_path(changed)
+        added, removed = read(directory, "ops.added"), read(directory, "ops.removed")
+        provider.put_back(added, removed, tag(changed))
+        provider.committed()
+    return provider
+
+
+def _empty_ops() -> pa.Table:
+    from .state.ops_index import ops_schema
+
+    return ops_schema().empty_table()
 
 
 # -- writing ---------------------------------------------------------------------

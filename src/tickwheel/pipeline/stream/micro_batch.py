@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..attempt import Attempt
 from ..rules import Rules, format_duration
 from ..spark.classify import EVENT_STATE_COLUMNS
-from ..spark.frames import as_arrow, as_frame, from_arrow, sql_name
+from ..spark.frames import as_arrow, as_frame, empty_frame, from_arrow, sql_name
 from ..spark.outputs import OPS_COLUMNS, split_ops, split_ops_frame
 from ..spark.step import CarriedState, DelayedOperations, StepOptions
 from ..spark.watermark import RecordCounts
@@ -195,18 +195,16 @@ class MicroBatch:
             state = rebuild(self.store, self.spark, previous, self._schemas())
             return state.indexed(self.rules.names, self.rules.input.retention_ms)
         self._need_partitioned((previous.state_rows or 0) * UNMEASURED_ROW_BYTES, "rebuilt")
-        tag = f"{previous.batch_id}:{previous.attempt}"
-        return rebuild(
-            self.store, self.spark, previous, self._schemas(), lambda ops: self._load(ops, tag)
-        )
+        return rebuild(self.store, self.spark, previous, self._schemas(), self._load)
 
     def _moved(self, state: ResidentState) -> ResidentState:
         """``state``, held by the driver past its bound, partitioned on the executors from
         now on, and logged: the move sends its operations through the JVM once,
         O(rows); it never moves back within a run."""
         nbytes = state.nbytes
+        if state.ops is None:  # no operations (an older format's state): nothing to move
+            return state
         self._need_partitioned(nbytes, "moved")
-        assert state.ops is not None
         ops = self._load(from_arrow(self.spark, state.ops.whole()), state.tag)
         moved = dataclasses.replace(state, ops=ops)
         logger.info(
@@ -240,12 +238,11 @@ class MicroBatch:
         store, spark, schemas = self.store, self.spark, self._schemas()
 
         def restore(committed: str) -> DataFrame:
-            batch_id, attempt = committed.split(":", 1)
-            commit = store.read_commit(int(batch_id))
-            if commit.attempt != attempt:
+            commit = store.read_commit(int(committed.split(":", 1)[0]))
+            if f"{commit.batch_id}:{commit.attempt}" != committed:
                 raise StreamError(f"the state {committed} is no longer the checkpoint's")
-            frames = committed_frames(store, spark, commit.batch_id, commit, schemas)
-            return frames.get("ops") or spark.createDataFrame([], schemas["ops"])
+            ops = committed_frames(store, spark, commit.batch_id, commit, schemas).get("ops")
+            return ops if ops is not None else empty_frame(spark, schemas["ops"])
 
         retention = self.rules.input.retention_ms
         return PartitionedOps.load(
