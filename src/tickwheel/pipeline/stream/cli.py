@@ -108,7 +108,8 @@ def add_stream_arguments(parser: Any) -> None:
         metavar="SIZE",
         help="the most of the driver's memory the state may take there, as bytes or '3g' "
         "(default: TICKWHEEL_DRIVER_STATE_BYTES, else an eighth of this machine's memory); "
-        "past it, Spark holds the state and each micro-batch takes it whole",
+        "past it, the state's operations are partitioned on the executors (classic "
+        "sessions; under Spark Connect the stream stops)",
     )
     parser.add_argument(
         "--jit",

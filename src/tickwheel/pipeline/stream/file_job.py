@@ -61,8 +61,8 @@ class StreamConfig:
     remote: str | None = None  # a Spark Connect URL (sc://host:port), instead of master
     driver_memory: str | None = None  # default: spark.session.default_driver_memory()
     jit: str = "auto"  # auto | c1 | c2: see FileStreamJob.quick_jit
-    # The driver's bound on the state it holds (bytes, or "3g"); past it, Spark holds
-    # it. None: TICKWHEEL_DRIVER_STATE_BYTES, else a share of the machine's memory.
+    # The driver's bound on the state it holds (bytes, or "3g"); past it, the executors
+    # hold it. None: TICKWHEEL_DRIVER_STATE_BYTES, else a share of the machine's memory.
     driver_state_bytes: int | str | None = None
     # Go on past a rules change the state cannot follow, dropping what it concerns.
     drop_incompatible_state: bool = False

@@ -242,7 +242,7 @@ class RunningStream:
     def _after_classic_query(self) -> None:
         from .progress import drain_and_stop
 
-        # A listener's thread must not run Spark jobs: a state Spark holds goes unwritten.
+        # A listener's thread must not run Spark jobs: a partitioned state goes unwritten.
         end_held_state(self.store, self.held, driver_only=True)
         assert self.store.owner is not None
         self.store.owner.release()

@@ -50,7 +50,8 @@ SNAPSHOT_EVERY_ENV = "TICKWHEEL_SNAPSHOT_EVERY"
 
 #: The driver's bound on the state it holds, by default: this share of the machine's
 #: memory (the driver's JVM takes a quarter by default, ``spark.session``). Past the
-#: bound, the next micro-batch moves the state to Spark (``docs/scaling.md``).
+#: bound, the next micro-batch partitions its operations on the executors
+#: (``docs/scaling.md``).
 DRIVER_STATE_SHARE = 8
 #: Environment variable that sets the bound for a job: bytes, or with a unit (``"3g"``).
 DRIVER_STATE_BYTES_ENV = "TICKWHEEL_DRIVER_STATE_BYTES"
@@ -224,7 +225,8 @@ class HeldState:
         self.state: ResidentState | None = None
         self.snapshot_every = snapshot_every() if snapshot_every_k is None else snapshot_every_k
         #: The most bytes of the driver's memory the state may take there
-        #: (:attr:`ResidentState.nbytes`); past it, the next micro-batch moves it to Spark.
+        #: (:attr:`ResidentState.nbytes`); past it, the next micro-batch moves it to the
+        #: executors.
         self.driver_state_bytes = driver_state_bytes(state_bytes)
         #: Whether the last micro-batch's records fitted in the driver: the next one's are
         #: expected to (:attr:`~..spark.step.StepOptions.expect_driver`).

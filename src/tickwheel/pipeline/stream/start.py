@@ -116,8 +116,10 @@ def start_stream(
         The most of the driver's memory the state may take there, measured: bytes,
         or a size such as ``"3g"`` (default: ``TICKWHEEL_DRIVER_STATE_BYTES``,
         else an eighth of the machine's memory). Past it, the next micro-batch
-        moves the state to Spark, which takes it whole through each micro-batch
-        from then on (``docs/scaling.md``, "State in the driver").
+        moves the state's operations to a store per key partition on the
+        executors; under Spark Connect, which cannot hold them there, the stream
+        stops with an error naming the bound (``docs/scaling.md``, "State in the
+        driver").
 
     Returns
     -------
