@@ -489,6 +489,8 @@ class StandaloneCluster:
             state: dict[str, Any] = json.loads(response.read())
         except http.client.HTTPException as exc:
             raise OSError(f"the master's web UI: {exc!r}") from None
+        except ValueError:  # a page, not the JSON: its handlers are still being attached
+            raise OSError("the master's web UI answered /json/ with a page, not JSON") from None
         finally:
             connection.close()
         return state
